@@ -1,0 +1,452 @@
+"""Tests for rivet_jax.data.schema and the validate_data launcher.
+
+Corpora are built in code: a 3-card pool and a few 2-turn episodes are written with
+write_episodes, then single lines are corrupted by editing their JSON dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rivet_jax.data.schema import (
+    DataError,
+    Episode,
+    EpisodeFile,
+    ModelCard,
+    ModelPool,
+    Task,
+    Turn,
+    read_episodes,
+    read_model_cards,
+    summarize_episodes,
+    write_episodes,
+    write_model_cards,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_MINT = Path(__file__).resolve().parents[2] / "shared" / "mint"
+
+
+# ------------------------------------------------------------------------- builders
+
+
+def make_pool() -> ModelPool:
+    return ModelPool(
+        (
+            ModelCard(
+                "m-small", "Cheap and fast.", 4096, 0.5, 1.0,
+                (("code", True), ("math", None)), "Acme",
+            ),
+            ModelCard(
+                "m-medium", "Middle of the road.", 8192, 2.0, 4.0,
+                (("code", True), ("tool_use", False)), "Acme",
+            ),
+            ModelCard("m-large", "Strong and expensive.", 32768, 10.0, 30.0, (("math", True),)),
+        )
+    )
+
+
+def make_episode(i: int, *, outcome: int = 1) -> Episode:
+    return Episode(
+        episode_id=f"ep-{i}",
+        task=Task(id=f"task-{i}", prompt=f"What is {i}+{i}?", family="arith" if i % 2 else None),
+        turns=(
+            Turn(
+                model="m-small",
+                response="<execute>print(2+2)</execute>",
+                feedback="Observation: 4",
+                prompt_tokens=812,
+                completion_tokens=96,
+                cost=0.00031,
+                propensity=0.25,
+                available=("m-small", "m-large"),
+            ),
+            Turn(
+                model="m-large",
+                response="The answer is <solution>4</solution>",
+                feedback="",
+                prompt_tokens=900,
+                completion_tokens=12,
+                cost=0.0126,
+                done=True,
+            ),
+        ),
+        outcome=outcome,
+    )
+
+
+@pytest.fixture
+def pool() -> ModelPool:
+    return make_pool()
+
+
+@pytest.fixture
+def good_file(tmp_path: Path) -> Path:
+    path = tmp_path / "episodes.jsonl"
+    write_episodes(path, [make_episode(i, outcome=i % 2) for i in range(1, 4)])
+    return path
+
+
+def corrupt_line(path: Path, line: int, edit: Callable[[dict], object]) -> None:
+    """Replace 1-based `line` by edit(record): a dict/list is re-serialised, a str used as is."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[line - 1])
+    new = edit(record)
+    new = record if new is None else new
+    lines[line - 1] = new if isinstance(new, str) else json.dumps(new)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def setter(dotted: str, value: object) -> Callable[[dict], None]:
+    """An edit that sets e.g. 'turns.0.cost' to value."""
+
+    def edit(record: dict) -> None:
+        *parents, last = dotted.split(".")
+        target = record
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        if isinstance(target, list):
+            target[int(last)] = value
+        else:
+            target[last] = value
+
+    return edit
+
+
+def deleter(dotted: str) -> Callable[[dict], None]:
+    def edit(record: dict) -> None:
+        *parents, last = dotted.split(".")
+        target = record
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        del target[last]
+
+    return edit
+
+
+# -------------------------------------------------------------------- bad inputs
+
+# (case id, edit of line 2, expected field, fragment of `why`)
+BAD_LINE_CASES = [
+    ("invalid_json", lambda r: '{"episode_id": "ep-2", ', "<json>", "invalid JSON: Expecting"),
+    ("duplicate_json_key", lambda r: '{"outcome": 1, "outcome": 0}', "<json>", "duplicate key 'outcome'"),
+    ("not_an_object", lambda r: [r], "<record>", "expected a JSON object, got list"),
+    ("missing_outcome", deleter("outcome"), "outcome", "missing"),
+    ("missing_episode_id", deleter("episode_id"), "episode_id", "missing"),
+    ("missing_task_prompt", deleter("task.prompt"), "task.prompt", "missing"),
+    ("missing_turn_cost", deleter("turns.1.cost"), "turns[1].cost", "missing"),
+    ("missing_turn_model", deleter("turns.0.model"), "turns[0].model", "missing"),
+    ("episode_id_int", setter("episode_id", 5), "episode_id", "expected str, got int"),
+    ("task_not_object", setter("task", "t-1"), "task", "expected a JSON object, got str"),
+    ("task_family_int", setter("task.family", 3), "task.family", "expected str, got int"),
+    ("turns_not_list", setter("turns", {}), "turns", "expected list, got object"),
+    ("turn_not_object", setter("turns.1", "hi"), "turns[1]", "expected a JSON object, got str"),
+    ("response_null", setter("turns.0.response", None), "turns[0].response", "expected str, got null"),
+    ("feedback_int", setter("turns.0.feedback", 0), "turns[0].feedback", "expected str, got int"),
+    ("tokens_bool", setter("turns.0.prompt_tokens", True), "turns[0].prompt_tokens", "expected int, got bool"),
+    ("tokens_float", setter("turns.0.completion_tokens", 12.0), "turns[0].completion_tokens", "expected int, got float"),
+    ("tokens_str", setter("turns.0.prompt_tokens", "812"), "turns[0].prompt_tokens", "expected int, got str"),
+    ("tokens_negative", setter("turns.1.completion_tokens", -1), "turns[1].completion_tokens", ">= 0"),
+    ("tokens_nan", setter("turns.0.prompt_tokens", math.nan), "turns[0].prompt_tokens", "expected int, got float"),
+    ("tokens_inf", setter("turns.0.prompt_tokens", math.inf), "turns[0].prompt_tokens", "expected int, got float"),
+    ("cost_str", setter("turns.0.cost", "0.1"), "turns[0].cost", "expected number, got str"),
+    ("cost_bool", setter("turns.0.cost", True), "turns[0].cost", "expected number, got bool"),
+    ("cost_negative", setter("turns.0.cost", -0.01), "turns[0].cost", ">= 0"),
+    ("cost_nan", setter("turns.0.cost", math.nan), "turns[0].cost", "finite"),
+    ("cost_inf", setter("turns.1.cost", math.inf), "turns[1].cost", "finite"),
+    ("cost_neg_inf", setter("turns.1.cost", -math.inf), "turns[1].cost", "finite"),
+    ("done_int", setter("turns.0.done", 0), "turns[0].done", "expected bool, got int"),
+    ("unknown_model", setter("turns.1.model", "gpt-9"), "turns[1].model", "unknown model 'gpt-9'; the pool has: m-small, m-medium, m-large"),
+    ("unknown_model_in_available", setter("turns.0.available", ["m-small", "gpt-9"]), "turns[0].available[1]", "unknown model 'gpt-9'"),
+    ("available_not_list", setter("turns.0.available", "m-small"), "turns[0].available", "expected list, got str"),
+    ("available_item_int", setter("turns.0.available", ["m-small", 3]), "turns[0].available[1]", "expected str, got int"),
+    ("available_repeated", setter("turns.0.available", ["m-small", "m-small"]), "turns[0].available[1]", "listed twice"),
+    ("model_not_available", setter("turns.0.available", ["m-medium", "m-large"]), "turns[0].available", "does not contain the turn's model 'm-small'"),
+    ("empty_turns", setter("turns", []), "turns", "empty"),
+    ("outcome_two", setter("outcome", 2), "outcome", "0 or 1, got 2"),
+    ("outcome_bool", setter("outcome", True), "outcome", "got bool"),
+    ("outcome_float", setter("outcome", 1.0), "outcome", "got float"),
+    ("outcome_str", setter("outcome", "1"), "outcome", "got str"),
+    ("turn_after_terminal", setter("turns.0.done", True), "turns[1]", "turn after the terminal turn turns[0]"),
+    ("propensity_zero", setter("turns.0.propensity", 0.0), "turns[0].propensity", "(0, 1]"),
+    ("propensity_above_one", setter("turns.0.propensity", 1.5), "turns[0].propensity", "(0, 1]"),
+    ("propensity_negative", setter("turns.0.propensity", -0.2), "turns[0].propensity", "(0, 1]"),
+    ("propensity_nan", setter("turns.0.propensity", math.nan), "turns[0].propensity", "finite"),
+    ("propensity_str", setter("turns.0.propensity", "0.5"), "turns[0].propensity", "expected number, got str"),
+    ("empty_episode_id", setter("episode_id", ""), "episode_id", "non-empty"),
+    ("blank_episode_id", setter("episode_id", "   "), "episode_id", "non-empty"),
+    ("empty_task_id", setter("task.id", ""), "task.id", "non-empty"),
+    ("unknown_top_key", setter("reward", 1.0), "reward", "unknown key"),
+    ("unknown_task_key", setter("task.difficulty", "hard"), "task.difficulty", "unknown key"),
+    ("unknown_turn_key", setter("turns.1.costt", 0.1), "turns[1].costt", "unknown key"),
+]
+
+
+@pytest.mark.parametrize(
+    "edit, field, why", [c[1:] for c in BAD_LINE_CASES], ids=[c[0] for c in BAD_LINE_CASES]
+)
+def test_bad_line_raises_data_error_naming_path_line_field(good_file, pool, edit, field, why):
+    corrupt_line(good_file, 2, edit)
+    with pytest.raises(DataError) as info:
+        read_episodes(good_file, pool)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(good_file), 2, field)
+    assert why in err.why
+    assert str(err) == f"{good_file}:2: field '{field}': {err.why}"
+
+
+def test_duplicate_episode_id_names_first_line(good_file, pool):
+    corrupt_line(good_file, 3, setter("episode_id", "ep-1"))
+    with pytest.raises(DataError) as info:
+        read_episodes(good_file, pool)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(good_file), 3, "episode_id")
+    assert "duplicate episode_id 'ep-1'" in err.why and "line 1" in err.why
+
+
+def test_missing_file_is_a_data_error_without_line(tmp_path, pool):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(DataError) as info:
+        read_episodes(missing, pool)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(missing), None, "<file>")
+    assert "does not exist" in err.why
+    assert str(err) == f"{missing}: field '<file>': file does not exist"
+
+
+def test_invalid_utf8_line(good_file, pool):
+    data = good_file.read_bytes().split(b"\n")
+    data[1] = b'{"episode_id": "\xff"}'
+    good_file.write_bytes(b"\n".join(data))
+    with pytest.raises(DataError) as info:
+        read_episodes(good_file, pool)
+    assert (info.value.line, info.value.field) == (2, "<json>")
+    assert "UTF-8" in info.value.why
+
+
+def test_blank_lines_are_skipped_and_counted_in_line_numbers(good_file, pool):
+    lines = good_file.read_text(encoding="utf-8").splitlines()
+    good_file.write_text("\n" + lines[0] + "\n   \n" + "\n".join(lines[1:]) + "\n\n", encoding="utf-8")
+    assert [ep.episode_id for ep in read_episodes(good_file, pool).episodes] == ["ep-1", "ep-2", "ep-3"]
+    corrupt_line(good_file, 4, setter("outcome", 7))  # physical line 4 holds ep-2 now
+    with pytest.raises(DataError) as info:
+        read_episodes(good_file, pool)
+    assert (info.value.line, info.value.field) == (4, "outcome")
+
+
+# --------------------------------------------------------------------- skip_invalid
+
+
+def test_skip_invalid_keeps_valid_records_around_bad_ones(tmp_path, pool):
+    path = tmp_path / "mixed.jsonl"
+    write_episodes(path, [make_episode(i) for i in range(1, 6)])
+    corrupt_line(path, 2, lambda r: "{not json")
+    corrupt_line(path, 4, setter("turns.0.model", "gpt-9"))
+    corrupt_line(path, 5, setter("episode_id", "ep-1"))  # duplicate of line 1: skipped
+    result = read_episodes(path, pool, skip_invalid=True)
+    assert [ep.episode_id for ep in result.episodes] == ["ep-1", "ep-3"]
+    assert result.episodes[0] == make_episode(1)  # first occurrence of the duplicate kept
+    assert [(e.line, e.field) for e in result.skipped] == [
+        (2, "<json>"), (4, "turns[0].model"), (5, "episode_id"),
+    ]
+    assert all(e.path == str(path) for e in result.skipped)
+    with pytest.raises(DataError) as info:
+        read_episodes(path, pool)
+    assert info.value.line == 2
+
+
+def test_skip_invalid_on_clean_file_skips_nothing(good_file, pool):
+    result = read_episodes(good_file, pool, skip_invalid=True)
+    assert len(result.episodes) == 3 and result.skipped == []
+
+
+# ----------------------------------------------------------------------- round trip
+
+
+def test_round_trip_gives_equal_episodes(good_file, pool):
+    expected = [make_episode(i, outcome=i % 2) for i in range(1, 4)]
+    assert read_episodes(good_file, pool).episodes == expected
+
+
+def test_round_trip_normalises_last_turn_done_and_minimal_optionals(tmp_path, pool):
+    bare = Episode(
+        "bare", Task("t", "p"),
+        [Turn("m-medium", "r", "f", 0, 0, 0, available=["m-medium"])],  # lists, done=False
+        0,
+    )
+    assert bare.turns[-1].done is True and bare.turns[0].available == ("m-medium",)
+    path = tmp_path / "bare.jsonl"
+    write_episodes(path, iter([bare]))
+    record = json.loads(path.read_text(encoding="utf-8"))
+    assert record["turns"][0]["done"] is True
+    assert "family" not in record["task"] and "propensity" not in record["turns"][0]
+    assert read_episodes(path, pool).episodes == [bare]
+
+
+def test_to_json_writes_done_for_every_turn_and_omits_none(good_file):
+    record = json.loads(good_file.read_text(encoding="utf-8").splitlines()[1])  # ep-2
+    assert [t["done"] for t in record["turns"]] == [False, True]
+    assert "family" not in record["task"]
+    assert "propensity" not in record["turns"][1] and "available" not in record["turns"][1]
+
+
+def test_write_is_utf8_and_atomic(tmp_path, pool):
+    path = tmp_path / "u.jsonl"
+    ep = Episode("ü-1", Task("t", "Größe? 日本"), (Turn("m-small", "é", "", 1, 1, 0.0),), 1)
+    write_episodes(path, [ep])
+    assert "日本" in path.read_text(encoding="utf-8")
+    assert [p.name for p in tmp_path.iterdir()] == ["u.jsonl"]  # no temp file left behind
+    bad = dataclasses.replace(ep, turns=(dataclasses.replace(ep.turns[0], cost=math.nan),))
+    with pytest.raises(ValueError):
+        write_episodes(path, [bad])
+    assert read_episodes(path, pool).episodes == [ep]  # failed write left the old file intact
+    assert [p.name for p in tmp_path.iterdir()] == ["u.jsonl"]
+
+
+def test_episode_from_json_in_memory(pool):
+    record = make_episode(1).to_json()
+    assert Episode.from_json(record, pool) == make_episode(1)
+    record["outcome"] = 3
+    with pytest.raises(DataError) as info:
+        Episode.from_json(record, pool)
+    assert str(info.value) == "<memory>: field 'outcome': must be the integer 0 or 1, got 3"
+
+
+# --------------------------------------------------------------- model cards / pool
+
+
+def test_model_card_capability_and_json_round_trip(pool):
+    card = pool.cards[0]
+    assert card.capability("code") is True
+    assert card.capability("math") is None
+    assert card.capability("vision") is None
+    assert ModelCard.from_json(card.to_json()) == card
+    unordered = ModelCard("x", "d", capabilities=(("z", True), ("a", False)))
+    assert unordered.capabilities == (("a", False), ("z", True))
+
+
+def test_model_card_ignores_extra_keys_and_validates_fields():
+    obj = {"name": "x", "description": "d", "family": "F", "open_weights": True, "capabilities": {"code": None}}
+    assert ModelCard.from_json(obj) == ModelCard("x", "d", capabilities=(("code", None),))
+    with pytest.raises(DataError) as info:
+        ModelCard.from_json({**obj, "price_in_per_mtok": "1.0"}, path="c.json", prefix="models[2].")
+    assert (info.value.path, info.value.field) == ("c.json", "models[2].price_in_per_mtok")
+    with pytest.raises(DataError) as info:
+        ModelCard.from_json({**obj, "capabilities": {"code": "yes"}})
+    assert info.value.field == "capabilities.code"
+    with pytest.raises(DataError) as info:
+        ModelCard.from_json({"description": "d"})
+    assert info.value.field == "name" and "missing" in info.value.why
+
+
+def test_model_pool_basics(pool):
+    assert pool.names == ("m-small", "m-medium", "m-large")
+    assert len(pool) == 3 and "m-large" in pool and "gpt-9" not in pool
+    assert pool.index("m-medium") == 1
+    with pytest.raises(KeyError, match="m-small, m-medium, m-large"):
+        pool.index("gpt-9")
+    assert pool.capability_names == ("code", "math", "tool_use")
+    sub = pool.subset(["m-large", "m-small"])
+    assert sub.names == ("m-large", "m-small") and sub.cards[0] is pool.cards[2]
+    assert ModelPool.from_json(pool.to_json()) == pool
+
+
+def test_model_pool_rejects_empty_and_duplicates(pool):
+    with pytest.raises(DataError, match="at least one"):
+        ModelPool(())
+    with pytest.raises(DataError) as info:
+        ModelPool((pool.cards[0], pool.cards[1], pool.cards[0]))
+    assert info.value.field == "models[2].name" and "duplicate model name 'm-small'" in info.value.why
+    with pytest.raises(DataError) as info:
+        ModelPool.from_json({"models": [pool.cards[0].to_json()] * 2}, path="cards.json")
+    assert (info.value.path, info.value.field) == ("cards.json", "models[1].name")
+
+
+def test_model_pool_differences(pool):
+    assert pool.differences(make_pool()) == []
+    cheaper = dataclasses.replace(pool.cards[1], price_in_per_mtok=1.5, capabilities=(("code", True),))
+    other = ModelPool((pool.cards[0], cheaper, ModelCard("m-new", "New.")))
+    diffs = pool.differences(other)
+    assert "model 'm-large' only in this pool" in diffs
+    assert "model 'm-new' only in the other pool" in diffs
+    assert "model 'm-medium': price_in_per_mtok 2.0 != 1.5" in diffs
+    assert "model 'm-medium': capability 'tool_use' False != absent" in diffs
+    assert len(diffs) == 4
+    assert pool.differences(pool.subset(["m-medium", "m-small", "m-large"])) == [
+        "model order differs: ['m-small', 'm-medium', 'm-large'] != ['m-medium', 'm-small', 'm-large']"
+    ]
+
+
+def test_model_cards_file_round_trip_and_errors(tmp_path, pool):
+    path = tmp_path / "cards.json"
+    write_model_cards(path, pool)
+    assert read_model_cards(path) == pool
+    path.write_text('{"models": [', encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        read_model_cards(path)
+    assert (info.value.path, info.value.field) == (str(path), "<json>")
+    with pytest.raises(DataError) as info:
+        read_model_cards(tmp_path / "missing.json")
+    assert (info.value.line, info.value.field) == (None, "<file>")
+
+
+def test_read_real_model_cards():
+    cards_path = SHARED_MINT / "model_cards.json"
+    if not SHARED_MINT.is_dir():
+        pytest.skip(f"shared MINT data not present at {SHARED_MINT}")
+    pool = read_model_cards(cards_path)
+    assert len(pool) == 6
+    assert "gpt-4-0613" in pool and "Mixtral-8x7B-Instruct-v0.1" in pool
+    gpt35 = pool.cards[pool.index("gpt-3.5-turbo-0613")]
+    assert (gpt35.price_in_per_mtok, gpt35.price_out_per_mtok) == (1.5, 2.0)
+    assert gpt35.capability("math") is None and gpt35.capability("tool_use") is True
+    assert pool.capability_names == ("code", "math", "tool_use")
+
+
+# ---------------------------------------------------------------- summary / launcher
+
+
+def test_summarize_episodes(good_file, pool):
+    summary = summarize_episodes(read_episodes(good_file, pool), pool)
+    assert summary["episodes"] == 3 and summary["turns"] == 6
+    assert summary["success_rate"] == pytest.approx(2 / 3)
+    assert summary["mean_turns"] == 2.0
+    assert summary["total_cost"] == pytest.approx(3 * (0.00031 + 0.0126))
+    assert summary["turns_per_model"] == {"m-small": 3, "m-medium": 0, "m-large": 3}
+    assert summary["skipped"] == 0
+    empty = summarize_episodes(EpisodeFile([], []), pool)
+    assert empty["success_rate"] is None and empty["total_cost"] == 0.0
+
+
+def run_launcher(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.validate_data", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_launcher_exit_codes(tmp_path, good_file, pool):
+    cards = tmp_path / "cards.json"
+    write_model_cards(cards, pool)
+    ok = run_launcher(f"--episodes={good_file}", f"--cards={cards}")
+    assert ok.returncode == 0, ok.stderr
+    assert "episodes:       3" in ok.stdout and "m-large" in ok.stdout
+
+    corrupt_line(good_file, 2, setter("turns.0.cost", -1))
+    bad = run_launcher(f"--episodes={good_file}", f"--cards={cards}")
+    assert bad.returncode == 1
+    assert f"{good_file}:2: field 'turns[0].cost'" in bad.stdout + bad.stderr
+    assert "Traceback" not in bad.stderr
+
+    skipping = run_launcher(f"--episodes={good_file}", f"--cards={cards}", "--skip_invalid")
+    assert skipping.returncode == 0, skipping.stderr
+    assert "skipped lines:  1" in skipping.stdout
+    assert f"{good_file}:2: field 'turns[0].cost'" in skipping.stdout
