@@ -1,0 +1,80 @@
+r"""RIVET with the paper's settings (App. B.2), on the embedded demo corpus unless given logged data.
+
+Run both offline stages (each its own run; the second resumes from the first's checkpoint):
+
+  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=mc
+  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=td
+
+or both in one go with --config.stage=offline. On your own logs:
+
+  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet_mine \
+      --config.data.episodes=my_episodes.jsonl --config.data.cards=my_cards.json --config.stage=offline
+
+The `tiny` variant (configs/default.py:tiny) is a seconds-long run for tests and smoke checks.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.stage = "offline"  # mc | td | offline (mc then td)
+    config.seed = 42
+
+    config.data = ml_collections.ConfigDict()
+    config.data.episodes = ""       # trajectory JSONL; empty = write the demo corpus into the workdir
+    config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
+    config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
+    config.data.demo_episodes = 1500  # size of the demo corpus when `episodes` is empty
+    config.data.demo_seed = 0
+
+    config.encoder = ml_collections.ConfigDict()
+    config.encoder.name = "hashing"
+    config.encoder.dim = 1024
+    config.max_state_tokens = 16_384  # serialization budget (App. B.3)
+
+    config.reward = ml_collections.ConfigDict()
+    config.reward.lam = 0.05    # lambda, the cost coefficient of Eq. 1
+    config.reward.gamma = 0.99
+    config.reward.c_ref = config_dict.placeholder(float)  # None: the training corpus' mean per-turn cost
+
+    config.model = ml_collections.ConfigDict()
+    config.model.hidden = 128       # width of the shared state-model representation z(s, m)
+    config.model.card_dim = 128     # z_m in R^128 (Eq. 22)
+    config.model.head_hidden = 64
+    config.model.response_dim = 64
+
+    config.loss = ml_collections.ConfigDict()
+    config.loss.beta = 1.0    # RIVE weight in Eq. 7; 0 = "w/o RIVE"
+    config.loss.alpha = 0.1   # CQL weight in Eq. 11; 0 = "w/o CQL"
+    config.loss.huber_delta = 1.0
+    config.loss.zero_response = False  # True = "w/o response": RIVE sees a zero vector instead of e(o_t)
+
+    config.optim = ml_collections.ConfigDict()
+    config.optim.lr = 3e-4
+    config.optim.weight_decay = 0.01
+    config.optim.clip_norm = 5.0
+    config.optim.batch_size = 64
+
+    config.mc_epochs = 5
+    config.td_epochs = 20
+    config.target_sync_steps = 200
+    config.checkpoint_every_epochs = 1
+    config.checkpoints_to_keep = 2
+
+    if arg == "tiny":
+        config.data.demo_episodes = 60
+        config.encoder.dim = 64
+        config.max_state_tokens = 512
+        config.model.hidden = 32
+        config.model.card_dim = 16
+        config.model.head_hidden = 16
+        config.model.response_dim = 16
+        config.optim.batch_size = 16
+        config.mc_epochs = 2
+        config.td_epochs = 3
+        config.target_sync_steps = 10
+    elif arg:
+        raise ValueError(f"unknown config variant {arg!r}; known: '' (paper settings), 'tiny'")
+    return config

@@ -1,0 +1,28 @@
+r"""Benchmarks the MC and TD+CQL updates at the paper's sizes and the full offline training's wall time.
+
+  python -m launch.benchmark --config=configs/default.py --output=/tmp/rivet_bench.json
+
+Prints a table and writes the numbers as JSON.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from rivet_jax import benchmark
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file (sizes and settings).")
+_OUTPUT = flags.DEFINE_string("output", "benchmark.json", "Where to write the JSON results.")
+_TRANSITIONS = flags.DEFINE_integer("transitions", benchmark.PAPER_TRANSITIONS, "Replay size.")
+_MODELS = flags.DEFINE_integer("models", 6, "Number of candidate models.")
+
+
+def main(argv):
+    del argv
+    result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value)
+    print(benchmark.format_table(result))
+    benchmark.write_json(result, _OUTPUT.value)
+    print(f"wrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main)

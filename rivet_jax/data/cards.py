@@ -1,0 +1,47 @@
+"""Structured model-card fields x_m and their missing-value mask (App. B.3).
+
+Fixed, pool-independent transforms (log scales with constant offsets), so a card's features never depend on which
+other models share the pool and a candidate subset at deployment sees exactly the features it was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rivet_jax.data.schema import ModelCard, ModelPool
+
+# log10(context tokens): 4k -> -0.4, 100k -> 1.0 ; log10(USD per Mtok): $0.1 -> -0.5, $60 -> 0.9.
+_CONTEXT_LOG10_CENTER = 4.0
+_PRICE_LOG10_SCALE = 2.0
+
+
+def feature_names(pool: ModelPool) -> tuple[str, ...]:
+    return ("log_context_length", "log_price_in", "log_price_out",
+            *(f"capability:{flag}" for flag in pool.capability_names))
+
+
+def _log10_or_none(value: float | None, floor: float) -> float | None:
+    return None if value is None else math.log10(max(value, floor))
+
+
+def _card_row(card: ModelCard, capability_names: tuple[str, ...]) -> list[float | None]:
+    context = _log10_or_none(card.context_length, 1.0)
+    price_in = _log10_or_none(card.price_in_per_mtok, 1e-4)
+    price_out = _log10_or_none(card.price_out_per_mtok, 1e-4)
+    row = [None if context is None else context - _CONTEXT_LOG10_CENTER,
+           None if price_in is None else price_in / _PRICE_LOG10_SCALE,
+           None if price_out is None else price_out / _PRICE_LOG10_SCALE]
+    for flag in capability_names:
+        value = card.capability(flag)
+        row.append(None if value is None else float(value))
+    return row
+
+
+def card_features(pool: ModelPool) -> tuple[np.ndarray, np.ndarray]:
+    """Returns x (M, F) float32 with zeros where unknown, and mask (M, F) float32, 1 where the field is known."""
+    rows = [_card_row(card, pool.capability_names) for card in pool.cards]
+    mask = np.array([[v is not None for v in row] for row in rows], np.float32)
+    x = np.array([[0.0 if v is None else v for v in row] for row in rows], np.float32)
+    return x, mask

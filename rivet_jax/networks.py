@@ -1,0 +1,120 @@
+"""RVE and RIVE over one shared state-model representation (Sec. 4.1, App. B.3), in flax.linen.
+
+    z_m        = g(e_m, x_m, mask)              card projector                     (M, card_dim)
+    z(s, m)    = a(h_t, z_m)                    state adapter                      (B, M, hidden)
+    Q_route    = f_route(z(s, m))               RVE head, deployed                 (B, M)
+    Q_resp     = f_resp(z(s, m_t), p(e(o_t)))   RIVE head + response projector p   (B,)
+
+The adapter's first layer is linear in [h; z_m], so it splits into W_h h + W_z z_m: the state path (the large
+D x hidden matmul) runs once per state and is broadcast over the M candidates, never once per (state, model) pair.
+The card projector and the adapter are shared; the two heads have separate parameters. Deployment needs only
+`card_projector`, `state_adapter` and `route_head` (see `RVE_MODULES`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+RVE_MODULES = ("card_projector", "state_adapter", "route_head")
+
+
+class CardProjector(nn.Module):
+    """g(e_m, x_m, mask) -> z_m: card text embedding plus structured fields and which of them are known."""
+
+    hidden: int
+    card_dim: int
+
+    @nn.compact
+    def __call__(self, e_m, x_m, mask):  # (M, D), (M, F), (M, F) -> (M, card_dim)
+        inputs = jnp.concatenate([e_m, x_m * mask, mask], axis=-1)
+        hidden = nn.gelu(nn.Dense(self.hidden, name="in")(inputs))
+        return nn.Dense(self.card_dim, name="out")(hidden)
+
+
+class StateAdapter(nn.Module):
+    """a(h_t, z_m) -> z(s_t, m) for every state x candidate pair."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, h, z_m):  # (B, D), (M, C) -> (B, M, hidden)
+        state_part = nn.Dense(self.hidden, name="state")(h)                    # (B, H), once per state
+        card_part = nn.Dense(self.hidden, use_bias=False, name="card")(z_m)    # (M, H), once per card
+        fused = nn.gelu(state_part[:, None, :] + card_part[None, :, :])        # (B, M, H)
+        fused = nn.LayerNorm(name="norm")(fused)
+        return nn.gelu(nn.Dense(self.hidden, name="out")(fused))
+
+
+class ValueHead(nn.Module):
+    """A small MLP from features to one scalar value."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, z):  # (..., F) -> (...)
+        return nn.Dense(1, name="out")(nn.gelu(nn.Dense(self.hidden, name="in")(z)))[..., 0]
+
+
+class ResponseProjector(nn.Module):
+    """e(o_t): the frozen response embedding through a trainable projection."""
+
+    hidden: int
+    out: int
+
+    @nn.compact
+    def __call__(self, e_o):  # (B, D) -> (B, out)
+        return nn.Dense(self.out, name="out")(nn.gelu(nn.Dense(self.hidden, name="in")(e_o)))
+
+
+class RivetNet(nn.Module):
+    """Both estimators. `__call__` is only for `init`; use the named methods with `apply(..., method=...)`."""
+
+    hidden: int = 128
+    card_dim: int = 128
+    head_hidden: int = 64
+    response_dim: int = 64
+
+    def setup(self):
+        self.card_projector = CardProjector(self.hidden, self.card_dim)
+        self.state_adapter = StateAdapter(self.hidden)
+        self.route_head = ValueHead(self.head_hidden)
+        self.response_projector = ResponseProjector(self.hidden, self.response_dim)
+        self.resp_head = ValueHead(self.head_hidden)
+
+    def representation(self, h, cards):  # (B, D), card inputs -> (B, M, hidden)
+        return self.state_adapter(h, self.card_projector(*cards))
+
+    def q_route(self, h, cards):  # (B, D) -> (B, M)
+        """Q_route(s, m) for every candidate (Eq. 4): pre-call information only."""
+        return self.route_head(self.representation(h, cards))
+
+    def q_both(self, h, cards, action, e_o):  # (B, D), (B,), (B, D) -> (B, M), (B,)
+        """Q_route for every candidate and Q_resp(s, m_t, o_t) for the executed one (Eq. 6), sharing z."""
+        z = self.representation(h, cards)                                        # (B, M, H)
+        z_taken = jnp.take_along_axis(z, action[:, None, None], axis=1)[:, 0]   # (B, H)
+        q_resp = self.resp_head(jnp.concatenate([z_taken, self.response_projector(e_o)], axis=-1))
+        return self.route_head(z), q_resp
+
+    def __call__(self, h, cards, action, e_o):
+        return self.q_both(h, cards, action, e_o)
+
+
+def make_network(config: Any) -> RivetNet:
+    """The network from `config.model` (hidden, card_dim, head_hidden, response_dim)."""
+    return RivetNet(hidden=config.model.hidden, card_dim=config.model.card_dim,
+                    head_hidden=config.model.head_hidden, response_dim=config.model.response_dim)
+
+
+def init_params(net: RivetNet, key: jax.Array, state_dim: int, cards) -> dict:
+    """Parameters of both estimators for state/response embeddings of width `state_dim`."""
+    h = jnp.zeros((1, state_dim), jnp.float32)
+    return net.init(key, h, cards, jnp.zeros((1,), jnp.int32), h)["params"]
+
+
+def rve_params(params: dict) -> dict:
+    """The deployable subset: what `q_route` reads."""
+    return {name: params[name] for name in RVE_MODULES}

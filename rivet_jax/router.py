@@ -1,0 +1,139 @@
+"""The deployable router: RVE only, pre-call only (Eq. 5).
+
+    router = Router.from_checkpoint("/tmp/rivet")
+    decision = router.route(task_prompt, history, available=["coder-m", "sage-s"])
+    decision.model, decision.scores    # chosen model, {model: Q_route} for every candidate
+
+The router sees the task and the completed turns (response + feedback), serialized exactly as in training; never
+the response of the call it is about to make, and never which models answered earlier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from rivet_jax import checkpointing
+from rivet_jax.data.cards import card_features
+from rivet_jax.data.schema import ModelPool, Turn
+from rivet_jax.data.serialize import serialize_state
+from rivet_jax.encoders import Encoder, make_encoder
+from rivet_jax.networks import RivetNet, make_network, rve_params
+from rivet_jax.train import STAGES, make_optimizer, saveable, template_state
+
+# A history turn: a Turn, or any mapping with "response" and "feedback".
+HistoryTurn = Turn | Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class RouteDecision:
+    model: str                 # the argmax of Q_route over the available candidates
+    scores: dict[str, float]   # Q_route of every pool model; -inf for unavailable ones
+
+
+@dataclasses.dataclass(frozen=True)
+class _HistoryItem:
+    response: str
+    feedback: str
+
+
+def _as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
+    items = []
+    for i, turn in enumerate(history):
+        if isinstance(turn, Turn):
+            items.append(_HistoryItem(turn.response, turn.feedback))
+        elif isinstance(turn, Mapping) and "response" in turn:
+            items.append(_HistoryItem(str(turn["response"]), str(turn.get("feedback", ""))))
+        else:
+            raise TypeError(f"history[{i}] must be a Turn or a mapping with 'response' (and 'feedback'), "
+                            f"got {type(turn).__name__}")
+    return items
+
+
+class Router:
+    """Scores candidate models from pre-call information with a trained RVE."""
+
+    def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
+                 card_embeddings: np.ndarray):
+        self.pool = pool
+        self.encoder = encoder
+        self.config = config
+        self._net = make_network(config)
+        self._params = rve_params(params)
+        card_x, card_mask = card_features(pool)
+        self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+
+    @classmethod
+    def from_checkpoint(cls, workdir: str | os.PathLike, stage: str | None = None,
+                        encoder: Encoder | None = None) -> "Router":
+        """Loads the latest checkpoint of `stage` (default: the last trained stage) from a training workdir.
+
+        `encoder` defaults to the one named in the checkpoint's config; its fingerprint must match the one the
+        router was trained with.
+        """
+        stage = stage or checkpointing.latest_stage(workdir, STAGES)
+        if stage is None:
+            raise FileNotFoundError(f"no checkpoint under {checkpointing.stage_dir(workdir, '*')}")
+        checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=None)
+        meta = checkpoints.restore_meta()
+        config = ml_collections.ConfigDict(meta["config"])
+        pool = ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
+        encoder = encoder or make_encoder(config.encoder)
+        checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
+        net = make_network(config)
+        like = template_state(config, net, make_optimizer(config), meta["state_dim"], pool, stage)
+        restored, _ = checkpoints.restore(saveable(like))
+        checkpoints.close()
+        card_embeddings = encoder.encode([card.description for card in pool.cards])
+        return cls(restored["params"], pool, encoder, config, card_embeddings)
+
+    # ------------------------------------------------------------------------------------------------ scoring
+
+    def state_text(self, task: str, history: Sequence[HistoryTurn]) -> str:
+        return serialize_state(task, _as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+
+    def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
+        """(M,) bool; unknown names are an error, an empty set is an error."""
+        if available is None:
+            return np.ones(len(self.pool), bool)
+        unknown = [name for name in available if name not in self.pool]
+        if unknown:
+            raise ValueError(f"unknown models {unknown}; this router's pool is {list(self.pool.names)}")
+        if not available:
+            raise ValueError("no available model to route to")
+        mask = np.zeros(len(self.pool), bool)
+        mask[[self.pool.index(name) for name in available]] = True
+        return mask
+
+    def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
+        """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""
+        q = np.asarray(_q_route(self._net, self._params, jnp.asarray(h, jnp.float32), self._cards))
+        if available is not None:
+            q = np.where(np.broadcast_to(available, q.shape), q, -np.inf)
+        return q
+
+    def scores(self, states: Sequence[tuple[str, Sequence[HistoryTurn]]],
+               available: Sequence[Sequence[str] | None] | None = None) -> np.ndarray:
+        """Batched Q_route (B, M) for (task, history) pairs, with an optional availability list per state."""
+        texts = [self.state_text(task, history) for task, history in states]
+        mask = None if available is None else np.stack([self.available_mask(a) for a in available])
+        return self.scores_from_embeddings(self.encoder.encode(texts), mask)
+
+    def route(self, task: str, history: Sequence[HistoryTurn] = (),
+              available: Sequence[str] | None = None) -> RouteDecision:
+        """The model to call next for `task` after `history`, among `available` (default: the whole pool)."""
+        q = self.scores([(task, history)], None if available is None else [available])[0]
+        return RouteDecision(model=self.pool.names[int(np.argmax(q))],
+                             scores={name: float(v) for name, v in zip(self.pool.names, q)})
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _q_route(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
+    return net.apply({"params": params}, h, cards, method=RivetNet.q_route)

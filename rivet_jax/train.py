@@ -1,0 +1,381 @@
+"""Training: the TrainState, one jit'ed update per stage, and the offline stages (Sec. 4.2, App. B.2).
+
+    MC warm start   L_MC = L_fit(G_t)                                    (Eq. 7 with Z = G_t)
+    TD refinement   L_TD = L_fit(Y_t) + alpha L_CQL                      (Eqs. 8-11, Double DQN + CQL)
+
+A whole epoch runs inside one `lax.scan` (no Python per step); the epoch's shuffle comes from
+`fold_in(stage key, epoch)`, so an epoch is a pure function of (state, data, epoch) and a run resumed from an
+epoch checkpoint ends with exactly the parameters of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+
+from rivet_jax import checkpointing, losses
+from rivet_jax.data import demo
+from rivet_jax.data.cards import card_features
+from rivet_jax.data.replay import Replay, build_replay, reference_cost
+from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards, write_episodes, write_model_cards
+from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
+from rivet_jax.networks import RivetNet, init_params, make_network
+
+STAGES = ("mc", "td")
+_STAGE_IDS = {"mc": 0, "td": 1}
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Training produced a NaN or inf loss; nothing from the offending epoch is saved."""
+
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any
+    target_params: Any
+    opt_state: Any
+    step: jax.Array  # () int32, optimizer steps taken in this stage
+    key: jax.Array   # typed PRNG key of this stage
+
+
+@flax.struct.dataclass
+class TrainData:
+    """Everything an update reads, on device. T texts of width D, M candidates, F card fields, N transitions."""
+
+    embeddings: jax.Array  # (T, D) float32 frozen-encoder vectors of the text table
+    card_text: jax.Array   # (M,) int32 rows of the card descriptions
+    card_x: jax.Array      # (M, F) float32 structured card fields
+    card_mask: jax.Array   # (M, F) float32 1 = field known
+    replay: dict           # per-transition arrays, see `Replay.arrays`
+
+    @property
+    def num_transitions(self) -> int:
+        return int(self.replay["action"].shape[0])
+
+    def cards(self):
+        return self.embeddings[self.card_text], self.card_x, self.card_mask
+
+
+def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool) -> TrainData:
+    card_x, card_mask = card_features(pool)
+    return TrainData(embeddings=jnp.asarray(embeddings, jnp.float32), card_text=jnp.asarray(replay.card_text),
+                     card_x=jnp.asarray(card_x), card_mask=jnp.asarray(card_mask),
+                     replay={k: jnp.asarray(v) for k, v in replay.arrays().items()})
+
+
+def make_optimizer(config: ml_collections.ConfigDict, learning_rate: float | None = None):
+    """AdamW with global-norm clipping (App. B.2).
+
+    `optax.flatten` runs the update on one raveled parameter vector: the same arithmetic, but a handful of large
+    fused kernels instead of a few per parameter leaf, which halves the optimizer's compile time on CPU.
+    """
+    return optax.flatten(optax.chain(
+        optax.clip_by_global_norm(config.optim.clip_norm),
+        optax.adamw(config.optim.lr if learning_rate is None else learning_rate,
+                    weight_decay=config.optim.weight_decay)))
+
+
+def stage_key(seed: int, stage: str) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), _STAGE_IDS[stage])
+
+
+def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainState:
+    # The target is a copy, not an alias: the update donates the state, and one buffer cannot be donated twice.
+    return TrainState(params=params, target_params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params),
+                      step=jnp.zeros((), jnp.int32), key=key)
+
+
+# ----------------------------------------------------------------------------------------------------- losses
+
+
+def _batch_loss(params, target_params, data: TrainData, idx, *, net: RivetNet, config, stage: str):
+    """The stage's loss on the transitions `idx` (B,), and its metrics."""
+    batch = jax.tree.map(lambda x: x[idx], data.replay)
+    cards = data.cards()
+    h_t = data.embeddings[batch["state"]]                              # (B, D)
+    e_o = data.embeddings[batch["response"]]                           # (B, D)
+    if config.loss.zero_response:
+        e_o = jnp.zeros_like(e_o)
+    q_all, q_resp = net.apply({"params": params}, h_t, cards, batch["action"], e_o, method=RivetNet.q_both)
+    if stage == "mc":
+        target = batch["mc_return"]
+    else:
+        h_tp1 = data.embeddings[batch["next_state"]]                   # (B, D)
+        q_tp1_online = net.apply({"params": params}, h_tp1, cards, method=RivetNet.q_route)         # (B, M)
+        q_tp1_target = net.apply({"params": target_params}, h_tp1, cards, method=RivetNet.q_route)  # (B, M)
+        # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
+        target = losses.batched_double_dqn_target(batch["reward"], batch["done"], config.reward.gamma,
+                                                  jax.lax.stop_gradient(q_tp1_online), q_tp1_target,
+                                                  batch["next_available"])
+    q_taken = jnp.take_along_axis(q_all, batch["action"][:, None], axis=1)[:, 0]  # (B,)
+    fit = jnp.mean(losses.batched_fit(q_taken, q_resp, target, config.loss.beta, config.loss.huber_delta))
+    if stage == "td":
+        cql = jnp.mean(losses.batched_cql(q_all, batch["action"], batch["available"]))
+    else:
+        cql = jnp.zeros(())
+    loss = fit + config.loss.alpha * cql
+    available_q = jnp.where(batch["available"], q_all, jnp.nan)
+    metrics = {"loss": loss, "fit": fit, "cql": cql, "q_taken": jnp.mean(q_taken), "q_resp": jnp.mean(q_resp),
+               "q_mean": jnp.nanmean(available_q), "q_max": jnp.mean(jnp.nanmax(available_q, axis=1)),
+               "target": jnp.mean(target)}
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------------- updates
+
+
+def make_train_step(net: RivetNet, tx, config, stage: str) -> Callable:
+    """One gradient update on the transitions `idx`: (state, data, idx) -> (state, metrics). Not jit'ed here."""
+    loss_fn = functools.partial(_batch_loss, net=net, config=config, stage=stage)
+    sync_steps = config.target_sync_steps
+
+    def train_step(state: TrainState, data: TrainData, idx: jax.Array):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (_, metrics), grads = grad_fn(state.params, state.target_params, data, idx)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        step = state.step + 1
+        target_params = optax.periodic_update(params, state.target_params, step, sync_steps)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step), metrics
+
+    return train_step
+
+
+def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int) -> jax.Array:
+    """A fresh shuffle cut into full batches: (num_batches, batch_size) transition indices.
+
+    The remainder (< batch_size) is dropped this epoch and lands elsewhere in the next shuffle; a corpus smaller
+    than one batch is repeated to fill it.
+    """
+    perm = jax.random.permutation(key, num_transitions)
+    if num_transitions < batch_size:
+        perm = jnp.resize(perm, (batch_size,))
+    num_batches = max(num_transitions // batch_size, 1)
+    return perm[: num_batches * batch_size].reshape(num_batches, batch_size)
+
+
+def make_train_epoch(net: RivetNet, tx, config, stage: str) -> Callable:
+    """jit'ed (state, data, epoch) -> (state, per-step metrics, batches), the state donated."""
+    train_step = make_train_step(net, tx, config, stage)
+    batch_size = config.optim.batch_size
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def train_epoch(state: TrainState, data: TrainData, epoch: jax.Array):
+        batches = epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
+        state, metrics = jax.lax.scan(lambda s, idx: train_step(s, data, idx), state, batches)
+        return state, metrics, batches
+
+    return train_epoch
+
+
+# ---------------------------------------------------------------------------------------------- data loading
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+    pool: ModelPool
+    encoder: Encoder
+    replay: Replay
+    data: TrainData
+    c_ref: float
+    skipped: int
+
+
+def _corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
+    """The configured logs, or the demo corpus written once into the workdir."""
+    if config.data.episodes:
+        if not config.data.cards:
+            raise ValueError("config.data.episodes is set but config.data.cards is not: name the pool's model_cards.json")
+        return Path(config.data.episodes), Path(config.data.cards)
+    episodes_path, cards_path = workdir / "data" / "demo_episodes.jsonl", workdir / "data" / "demo_cards.json"
+    if not episodes_path.exists():
+        episodes_path.parent.mkdir(parents=True, exist_ok=True)
+        logging.info("No episodes configured: writing the demo corpus (%d episodes) to %s",
+                     config.data.demo_episodes, episodes_path)
+        write_model_cards(cards_path, demo.demo_pool())
+        write_episodes(episodes_path, demo.demo_episodes(config.data.demo_episodes, seed=config.data.demo_seed))
+    return episodes_path, cards_path
+
+
+def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> PreparedData:
+    """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir)."""
+    workdir = Path(workdir)
+    episodes_path, cards_path = _corpus_paths(config, workdir)
+    pool = read_model_cards(cards_path)
+    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid)
+    for error in episode_file.skipped:
+        logging.warning("skipped: %s", error)
+    if c_ref is None:
+        c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episode_file.episodes)
+    encoder = make_encoder(config.encoder)
+    replay = build_replay(episode_file.episodes, pool, count_tokens=encoder.count_tokens,
+                          max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
+                          c_ref=c_ref)
+    started = time.perf_counter()
+    store = EmbeddingStore(encoder, workdir / "embeddings")
+    embeddings = store.embed(replay.texts)
+    logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
+                 len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
+                 time.perf_counter() - started, store.stats)
+    return PreparedData(pool=pool, encoder=encoder, replay=replay, data=make_train_data(replay, embeddings, pool),
+                        c_ref=c_ref, skipped=len(episode_file.skipped))
+
+
+# -------------------------------------------------------------------------------------------- stage driver
+
+
+def saveable(state: TrainState) -> dict:
+    return {"params": state.params, "target_params": state.target_params, "opt_state": state.opt_state,
+            "step": state.step, "key": jax.random.key_data(state.key)}
+
+
+def _fromsaveable(tree: dict) -> TrainState:
+    return TrainState(params=tree["params"], target_params=tree["target_params"], opt_state=tree["opt_state"],
+                      step=jnp.asarray(tree["step"]), key=jax.random.wrap_key_data(jnp.asarray(tree["key"])))
+
+
+def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
+    return {"stage": stage, "config": json.loads(config.to_json()), "pool": prepared.pool.to_json(),
+            "encoder": {"name": prepared.encoder.name, "dim": prepared.encoder.dim,
+                        "fingerprint": prepared.encoder.fingerprint},
+            "c_ref": prepared.c_ref, "state_dim": int(prepared.data.embeddings.shape[1])}
+
+
+def _stage_epochs(config, stage: str) -> int:
+    return {"mc": config.mc_epochs, "td": config.td_epochs}[stage]
+
+
+def template_state(config, net: RivetNet, tx, state_dim: int, pool: ModelPool, stage: str) -> TrainState:
+    """A freshly initialised state of `stage`: the starting point of MC, and the tree shape every restore fills."""
+    key = stage_key(config.seed, stage)
+    card_x, card_mask = card_features(pool)
+    cards = (jnp.zeros((len(pool), state_dim), jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+    params = init_params(net, jax.random.fold_in(key, 1_000_003), state_dim, cards)
+    return init_train_state(net, tx, params, key)
+
+
+def _template_state(config, net, tx, prepared: PreparedData, stage: str) -> TrainState:
+    return template_state(config, net, tx, int(prepared.data.embeddings.shape[1]), prepared.pool, stage)
+
+
+def _restore(checkpoints: checkpointing.StageCheckpoints, like: TrainState, prepared: PreparedData, config,
+             epoch: int) -> TrainState:
+    meta = checkpoints.restore_meta(epoch)
+    checkpointing.check_compatible(meta, prepared.pool, prepared.encoder.fingerprint, config.model.to_dict(),
+                                   source=str(checkpoints.directory))
+    restored, _ = checkpoints.restore(saveable(like), epoch=epoch)
+    return _fromsaveable(restored)
+
+
+def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: Path, stage: str) -> TrainState:
+    """A new stage: MC from initialisation; TD from the finished MC stage (fresh optimizer, target = online)."""
+    template = _template_state(config, net, tx, prepared, stage)
+    if stage == "mc":
+        return template
+    previous = checkpointing.StageCheckpoints(workdir, "mc")
+    done = previous.latest_epoch()
+    if done is None or done < config.mc_epochs:
+        raise FileNotFoundError(f"stage 'td' starts from a finished 'mc' stage, but {previous.directory} has "
+                                f"{'no checkpoint' if done is None else f'{done}/{config.mc_epochs} epochs'}: "
+                                f"run --config.stage=mc first")
+    mc_state = _restore(previous, _template_state(config, net, tx, prepared, "mc"), prepared, config, done)
+    return init_train_state(net, tx, mc_state.params, template.key)
+
+
+def stored_c_ref(workdir: str | Path) -> float | None:
+    """c_ref fixed by an earlier stage of this workdir, so every stage reads the same rewards."""
+    for stage in STAGES:
+        if checkpointing.stage_dir(workdir, stage).is_dir():
+            checkpoints = checkpointing.StageCheckpoints(workdir, stage)
+            if checkpoints.latest_epoch() is not None:
+                return checkpoints.restore_meta()["c_ref"]
+    return None
+
+
+def _log_epoch(workdir: Path, record: dict) -> None:
+    logging.info("%s epoch %d/%d  step %d  loss %.4f  fit %.4f  cql %.4f  Q %.3f  target %.3f  %.0f steps/s",
+                 record["stage"], record["epoch"], record["epochs"], record["step"], record["loss"], record["fit"],
+                 record["cql"], record["q_taken"], record["target"], record["steps_per_s"])
+    with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _check_finite(metrics: dict, batches: np.ndarray, prepared: PreparedData, stage: str, first_step: int):
+    loss = np.asarray(metrics["loss"])
+    bad = np.flatnonzero(~np.isfinite(loss))
+    if bad.size:
+        i = int(bad[0])
+        episodes = sorted({prepared.replay.episode_ids[e] for e in prepared.replay.episode[np.asarray(batches[i])]})
+        raise NonFiniteLossError(f"stage {stage}: non-finite loss {loss[i]} at step {first_step + i + 1}; "
+                                 f"the batch held episodes {episodes[:10]}{' ...' if len(episodes) > 10 else ''}")
+
+
+def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | None = None,
+              on_epoch_end: Callable[[str, int, dict], None] | None = None) -> TrainState:
+    """Runs (or resumes) one stage to `config.<stage>_epochs`, checkpointing every `checkpoint_every_epochs`.
+
+    `on_epoch_end(stage, epoch, record)` is called after each epoch's checkpoint decision (progress hooks).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if prepared is None:
+        prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    net, tx = make_network(config), make_optimizer(config)
+    epochs = _stage_epochs(config, stage)
+    checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep)
+    resume_epoch = checkpoints.latest_epoch()
+    if resume_epoch is None:
+        state = _initial_state(config, net, tx, prepared, workdir, stage)
+    else:
+        state = _restore(checkpoints, _template_state(config, net, tx, prepared, stage), prepared, config,
+                         resume_epoch)
+        logging.info("Resuming stage %s from %s after epoch %d/%d", stage, checkpoints.directory, resume_epoch,
+                     epochs)
+    meta = checkpoint_meta(config, prepared, stage)
+    train_epoch = make_train_epoch(net, tx, config, stage)
+    for epoch in range(resume_epoch or 0, epochs):
+        first_step = int(state.step)
+        started = time.perf_counter()
+        state, metrics, batches = train_epoch(state, prepared.data, jnp.asarray(epoch, jnp.int32))
+        metrics = jax.device_get(metrics)
+        seconds = time.perf_counter() - started
+        _check_finite(metrics, batches, prepared, stage, first_step)
+        record = {"stage": stage, "epoch": epoch + 1, "epochs": epochs, "step": int(state.step),
+                  **{k: float(np.mean(v)) for k, v in metrics.items()},
+                  "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
+        _log_epoch(workdir, record)
+        if (epoch + 1) % config.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
+            checkpoints.save(epoch + 1, saveable(state), meta)
+        if on_epoch_end is not None:
+            on_epoch_end(stage, epoch + 1, record)
+    checkpoints.close()
+    return state
+
+
+def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
+    """The launcher's entry point: `config.stage` is 'mc', 'td', or 'offline' (both, in order)."""
+    stages = STAGES if config.stage == "offline" else (config.stage,)
+    if any(s not in STAGES for s in stages):
+        raise ValueError(f"unknown stage {config.stage!r}; known: {STAGES + ('offline',)}")
+    workdir = Path(workdir)
+    prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    state = None
+    for stage in stages:
+        state = run_stage(config, workdir, stage, prepared, on_epoch_end)
+    return state

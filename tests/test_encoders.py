@@ -1,0 +1,321 @@
+"""Tests for rivet_jax.encoders: the hashing encoder, the store, make_encoder.
+
+Expected hashing vectors are rebuilt here from the documented rule with
+hashlib directly, not by calling the encoder's own helpers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rivet_jax.encoders import EmbeddingStore, Encoder, HashingEncoder, make_encoder
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def expected_hashing_vector(feature_counts: dict[str, int], dim: int) -> np.ndarray:
+    """(dim,) vector by the documented rule: blake2b-8 little-endian, bucket = h % dim,
+    sign from the top bit, weight 1 + ln(count), then L2 norm."""
+    vector = np.zeros(dim)
+    for feature, count in feature_counts.items():
+        h = int.from_bytes(hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest(), "little")
+        sign = -1.0 if h >= 2**63 else 1.0
+        vector[h % dim] += sign * (1.0 + math.log(count))
+    return vector / np.linalg.norm(vector)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+class CountingEncoder:
+    """A fake encoder recording every text it is asked to encode."""
+
+    name = "counting"
+
+    def __init__(self, dim: int = 4, version: str = "v1"):
+        self.dim = dim
+        self.fingerprint = f"counting-{version}:dim={dim}"
+        self.calls: list[list[str]] = []
+
+    @property
+    def encoded_texts(self) -> list[str]:
+        return [text for call in self.calls for text in call]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        # A deterministic vector per text, distinct across texts and versions.
+        seeds = [int(hashlib.sha256(f"{self.fingerprint}|{t}".encode()).hexdigest()[:8], 16) for t in texts]
+        vectors = np.zeros((len(texts), self.dim))  # (N, dim)
+        for row, seed in enumerate(seeds):
+            vectors[row] = np.random.default_rng(seed).normal(size=self.dim)
+        return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+class BrokenEncoder(CountingEncoder):
+    """Returns whatever `make_output(n, dim)` gives, to test the store's checks."""
+
+    name = "broken"
+
+    def __init__(self, make_output):
+        super().__init__()
+        self.make_output = make_output
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return self.make_output(len(texts), self.dim)
+
+
+# ---------------------------------------------------------------- hashing encoder
+
+
+def test_tokenize_and_count_tokens_follow_documented_regex():
+    encoder = HashingEncoder(dim=16)
+    assert encoder.tokenize("Hello, World!  it's") == ["hello", ",", "world", "!", "it", "'", "s"]
+    assert encoder.count_tokens("Hello, World!  it's") == 7
+    assert encoder.count_tokens("") == 0
+    assert HashingEncoder(dim=16, lowercase=False).tokenize("Hi there") == ["Hi", "there"]
+
+
+def test_exact_vector_for_tiny_input_matches_hand_computation():
+    encoder = HashingEncoder(dim=16)
+    # "a a b": unigrams a x2, b x1; bigrams "a a" x1, "a b" x1.
+    expected = expected_hashing_vector({"a": 2, "b": 1, "a a": 1, "a b": 1}, dim=16)
+    np.testing.assert_allclose(encoder.encode(["a a b"])[0], expected, rtol=1e-6, atol=1e-7)
+    # Lowercasing and punctuation tokens: "A a, B" -> a, a, ",", b.
+    expected = expected_hashing_vector({"a": 2, ",": 1, "b": 1, "a a": 1, "a ,": 1, ", b": 1}, dim=16)
+    np.testing.assert_allclose(encoder.encode(["A a, B"])[0], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_unigram_only_range_drops_bigrams():
+    encoder = HashingEncoder(dim=32, ngram_range=(1, 1))
+    expected = expected_hashing_vector({"x": 3, "y": 1}, dim=32)
+    np.testing.assert_allclose(encoder.encode(["x y x x"])[0], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_deterministic_across_processes_bit_for_bit():
+    texts = ["The quick brown fox.", "jumps over the lazy dog", "états-unis, naïve café!", ""]
+    in_process = HashingEncoder(dim=256).encode(texts)
+    script = (
+        "import sys; from rivet_jax.encoders import HashingEncoder; "
+        f"sys.stdout.write(HashingEncoder(dim=256).encode({texts!r}).tobytes().hex())"
+    )
+    # A fixed, different hash seed: Python's hash() would change the result.
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    assert bytes.fromhex(result.stdout) == in_process.tobytes()
+
+
+def test_shape_dtype_and_unit_norm():
+    encoder = HashingEncoder(dim=128)
+    vectors = encoder.encode(["one text", "another, longer text with more words", "x"])
+    assert vectors.shape == (3, 128) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-6)
+    assert encoder.encode([]).shape == (0, 128)
+
+
+def test_empty_and_whitespace_texts_give_zero_vectors():
+    vectors = HashingEncoder(dim=64).encode(["", "   \n\t", "word"])
+    assert not vectors[:2].any()
+    assert np.isfinite(vectors).all()
+
+
+def test_similar_texts_are_closer_than_unrelated_ones():
+    encoder = HashingEncoder(dim=1024)
+    base, similar, unrelated = encoder.encode(
+        [
+            "solve the integral of x squared from zero to one",
+            "compute the integral of x squared from zero to two",
+            "write a haiku about autumn leaves in the rain",
+        ]
+    )
+    assert cosine(base, similar) > 0.5 > cosine(base, unrelated)
+
+
+def test_encoder_refuses_a_bare_string():
+    with pytest.raises(TypeError):
+        HashingEncoder().encode("not a list")
+
+
+def test_fingerprint_tracks_every_setting():
+    fingerprints = {
+        HashingEncoder().fingerprint,
+        HashingEncoder(dim=512).fingerprint,
+        HashingEncoder(ngram_range=(1, 1)).fingerprint,
+        HashingEncoder(lowercase=False).fingerprint,
+    }
+    assert len(fingerprints) == 4
+    assert HashingEncoder().fingerprint == HashingEncoder().fingerprint
+    assert HashingEncoder().fingerprint.startswith("hashing-v1:dim=1024:ngrams=1-2:lower=1:re=")
+
+
+def test_hashing_encoder_satisfies_protocol():
+    assert isinstance(HashingEncoder(), Encoder)
+
+
+@pytest.mark.parametrize("kwargs", [dict(dim=0), dict(ngram_range=(2, 1)), dict(ngram_range=(0, 2))])
+def test_bad_hashing_settings_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        HashingEncoder(**kwargs)
+
+
+# ---------------------------------------------------------------- make_encoder
+
+
+def test_make_encoder_from_dict_and_configdict():
+    encoder = make_encoder({"name": "hashing", "dim": 64})
+    assert isinstance(encoder, HashingEncoder) and encoder.dim == 64
+    ml_collections = pytest.importorskip("ml_collections")
+    encoder = make_encoder(ml_collections.ConfigDict({"name": "hashing", "dim": 32, "ngram_range": (1, 1)}))
+    assert encoder.dim == 32 and encoder.ngram_range == (1, 1)
+
+
+def test_make_encoder_unknown_name_lists_known_ones():
+    with pytest.raises(ValueError, match="hashing"):
+        make_encoder({"name": "word2vec"})
+
+
+# ---------------------------------------------------------------- store
+
+
+def test_store_encodes_each_distinct_text_once():
+    encoder = CountingEncoder()
+    store = EmbeddingStore(encoder)
+    first = store.embed(["a", "b", "a", "c", "b"])
+    second = store.embed(["c", "d", "a", "d"])
+    assert encoder.calls == [["a", "b", "c"], ["d"]]  # misses only, one call each
+    np.testing.assert_array_equal(first[0], first[2])
+    np.testing.assert_array_equal(first[3], second[0])
+    np.testing.assert_array_equal(second, encoder.encode(["c", "d", "a", "d"]))
+    assert store.stats == dict(requested=9, distinct=6, memory_hits=2, disk_hits=0, encoded=4)
+
+
+def test_embed_table_gives_distinct_rows_in_first_occurrence_order():
+    store = EmbeddingStore(CountingEncoder())
+    texts = ["x", "y", "x", "z", "y", "x"]
+    table, index = store.embed_table(texts)
+    assert table.shape == (3, 4) and table.dtype == np.float32
+    assert index.dtype == np.int32
+    np.testing.assert_array_equal(index, [0, 1, 0, 2, 1, 0])
+    np.testing.assert_array_equal(table[index], store.embed(texts))
+    np.testing.assert_array_equal(table, CountingEncoder().encode(["x", "y", "z"]))
+
+
+def test_empty_request_gives_empty_arrays():
+    encoder = CountingEncoder()
+    table, index = EmbeddingStore(encoder).embed_table([])
+    assert table.shape == (0, 4) and index.shape == (0,) and index.dtype == np.int32
+    assert encoder.calls == []
+
+
+def test_disk_cache_is_reused_by_a_new_store(tmp_path):
+    texts = ["alpha", "beta", "alpha", "gamma"]
+    first = EmbeddingStore(CountingEncoder(), tmp_path).embed(texts)
+    encoder = CountingEncoder()
+    store = EmbeddingStore(encoder, tmp_path)
+    second = store.embed(texts)
+    assert encoder.calls == []
+    np.testing.assert_array_equal(first, second)
+    assert store.stats == dict(requested=4, distinct=3, memory_hits=0, disk_hits=3, encoded=0)
+    store.embed(["alpha", "delta"])
+    assert encoder.calls == [["delta"]]
+    assert store.stats["memory_hits"] == 1
+
+
+def test_cache_layout_uses_fingerprint_dir_and_plain_npz(tmp_path):
+    encoder = CountingEncoder()
+    store = EmbeddingStore(encoder, tmp_path)
+    store.embed(["hello"])
+    cache_path = tmp_path / hashlib.sha256(encoder.fingerprint.encode()).hexdigest()[:16]
+    assert store.cache_path == cache_path
+    assert (cache_path / "fingerprint.txt").read_text().strip() == encoder.fingerprint
+    (shard,) = cache_path.glob("shard-*.npz")
+    with np.load(shard, allow_pickle=False) as data:
+        assert data["keys"].dtype == np.dtype("S64")
+        assert data["keys"][0].decode() == hashlib.sha256(b"hello").hexdigest()
+        np.testing.assert_array_equal(data["vectors"], encoder.encode(["hello"]))
+
+
+def test_fingerprint_mismatch_is_refused(tmp_path):
+    store = EmbeddingStore(CountingEncoder(), tmp_path)
+    store.embed(["a"])
+    (store.cache_path / "fingerprint.txt").write_text("something-else\n")
+    with pytest.raises(ValueError, match="fingerprint"):
+        EmbeddingStore(CountingEncoder(), tmp_path)
+
+
+def test_different_fingerprint_does_not_see_other_vectors(tmp_path):
+    EmbeddingStore(CountingEncoder(version="v1"), tmp_path).embed(["a", "b"])
+    other_encoder = CountingEncoder(version="v2")
+    other = EmbeddingStore(other_encoder, tmp_path)
+    vectors = other.embed(["a", "b"])
+    assert other_encoder.calls == [["a", "b"]]
+    np.testing.assert_array_equal(vectors, other_encoder.encode(["a", "b"]))
+    assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_leftover_partial_tmp_file_does_not_break_loading(tmp_path):
+    first = EmbeddingStore(CountingEncoder(), tmp_path)
+    expected = first.embed(["a", "b"])
+    # What a run killed mid-write leaves behind: a truncated hidden tmp file.
+    (first.cache_path / ".shard-000001-deadbeef.npz.0123abcd.tmp").write_bytes(b"PK\x03\x04 truncated")
+    encoder = CountingEncoder()
+    np.testing.assert_array_equal(EmbeddingStore(encoder, tmp_path).embed(["a", "b"]), expected)
+    assert encoder.calls == []
+
+
+def test_failed_shard_write_leaves_no_shard_and_no_tmp(tmp_path, monkeypatch):
+    def failing_replace(src, dst):
+        raise OSError("disk full")
+
+    store = EmbeddingStore(CountingEncoder(), tmp_path)
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        store.embed(["a"])
+    monkeypatch.undo()
+    assert sorted(p.name for p in store.cache_path.iterdir()) == ["fingerprint.txt"]
+    encoder = CountingEncoder()
+    EmbeddingStore(encoder, tmp_path).embed(["a"])
+    assert encoder.calls == [["a"]]
+
+
+def test_store_with_hashing_encoder_matches_direct_encoding(tmp_path):
+    encoder = HashingEncoder(dim=64)
+    texts = ["state: turn 1", "state: turn 2", "state: turn 1"]
+    np.testing.assert_array_equal(EmbeddingStore(encoder, tmp_path).embed(texts), encoder.encode(texts))
+    reopened = EmbeddingStore(HashingEncoder(dim=64), tmp_path)
+    np.testing.assert_array_equal(reopened.embed(texts), encoder.encode(texts))
+    assert reopened.stats["encoded"] == 0
+
+
+@pytest.mark.parametrize(
+    "make_output, message",
+    [
+        (lambda n, dim: np.zeros((n, dim + 1), np.float32), "shape"),
+        (lambda n, dim: np.zeros((n, dim), np.float64), "float32"),
+        (lambda n, dim: np.full((n, dim), np.nan, np.float32), "non-finite"),
+        (lambda n, dim: [[0.0] * dim] * n, "numpy array"),
+    ],
+)
+def test_bad_encoder_output_is_refused_naming_the_encoder(make_output, message, tmp_path):
+    store = EmbeddingStore(BrokenEncoder(make_output), tmp_path)
+    with pytest.raises(ValueError, match=message) as error:
+        store.embed(["a", "b"])
+    assert "'broken'" in str(error.value)
+    assert not list(store.cache_path.glob("shard-*.npz"))  # nothing bad reached the disk

@@ -1,0 +1,103 @@
+"""State serialization (Sec. 4.1, App. B.3) and replay construction (Eqs. 1-2)."""
+
+import numpy as np
+import pytest
+
+from rivet_jax.data import demo
+from rivet_jax.data.replay import build_replay, reference_cost
+from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.data.serialize import episode_state_texts, serialize_state
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def turn(i: int, model: str = "m-a", n_words: int = 10) -> Turn:
+    return Turn(model=model, response=f"response{i} " + "w " * (n_words - 1), feedback=f"feedback{i}",
+                prompt_tokens=1, completion_tokens=1, cost=0.1)
+
+
+def test_keeps_task_and_two_latest_turns_even_over_budget():
+    history = [turn(i, n_words=50) for i in range(4)]
+    text = serialize_state("solve x", history, words, max_tokens=1)
+    assert text.startswith("Task:\nsolve x")
+    assert "response2" in text and "response3" in text
+    assert "response0" not in text and "response1" not in text
+    assert "[2 earlier turns omitted]" in text
+
+
+def test_budget_drops_earliest_turns_first():
+    history = [turn(i, n_words=10) for i in range(5)]
+    full = serialize_state("t", history, words, max_tokens=10_000)
+    assert all(f"response{i}" in full for i in range(5)) and "omitted" not in full
+    # each turn block is 10 response words + "Turn i response:" (3) + "Turn i feedback:" (3) + feedback (1) = 17
+    # task block 2 words; two latest turns 34; budget 2 + 34 + 17 = 53 admits exactly one earlier turn (turn 2)
+    text = serialize_state("t", history, words, max_tokens=53)
+    assert [f"response{i}" in text for i in range(5)] == [False, False, True, True, True]
+    assert "[2 earlier turns omitted]" in text
+
+
+def test_deterministic_and_blind_to_model_identity():
+    a = [turn(0, model="big-expensive-model"), turn(1, model="tiny-model")]
+    b = [turn(0, model="other"), turn(1, model="other")]
+    assert serialize_state("t", a, words) == serialize_state("t", b, words)
+    assert "big-expensive-model" not in serialize_state("t", a, words)
+
+
+def test_episode_states_chain():
+    turns = [turn(i) for i in range(3)]
+    states = episode_state_texts("t", turns, words)
+    assert len(states) == 4
+    assert states[0] == "Task:\nt"
+    for t in range(3):
+        assert states[t + 1] == serialize_state("t", turns[: t + 1], words)
+
+
+def test_build_replay_rewards_returns_and_indices():
+    episodes = demo.demo_episodes(20, seed=3)
+    pool = demo.demo_pool()
+    c_ref = reference_cost(episodes)
+    assert c_ref == pytest.approx(np.mean([t.cost for e in episodes for t in e.turns]))
+    replay = build_replay(episodes, pool, count_tokens=words, max_tokens=16_384, lam=0.05, gamma=0.99, c_ref=c_ref)
+    assert len(replay) == sum(len(e.turns) for e in episodes)
+    row = 0
+    for e_idx, episode in enumerate(episodes):
+        states = episode_state_texts(episode.task.prompt, episode.turns, words)
+        for t, logged in enumerate(episode.turns):
+            assert replay.texts[replay.state[row]] == states[t]
+            assert replay.texts[replay.next_state[row]] == states[t + 1]
+            assert replay.texts[replay.response[row]] == logged.response
+            assert pool.names[replay.action[row]] == logged.model
+            last = t == len(episode.turns) - 1
+            expected_r = -0.05 * logged.cost / c_ref + (episode.outcome if last else 0)
+            assert replay.reward[row] == pytest.approx(expected_r, rel=1e-5)
+            assert replay.done[row] == float(last)
+            # G_t = r_t + gamma G_{t+1}
+            if not last:
+                assert replay.mc_return[row] == pytest.approx(replay.reward[row] + 0.99 * replay.mc_return[row + 1],
+                                                             rel=1e-5, abs=1e-6)
+            else:
+                assert replay.mc_return[row] == pytest.approx(replay.reward[row])
+            assert replay.episode[row] == e_idx
+            row += 1
+    # states shared across turns: the next state of a turn is the state of the following turn, one table row
+    assert len(replay.texts) < 2 * len(replay) + len(pool)
+    assert [replay.texts[i] for i in replay.card_text] == [c.description for c in pool.cards]
+
+
+def test_availability_masks():
+    pool = demo.demo_pool()
+    episode = Episode("e", Task("t", "p"), (
+        Turn("coder-m", "r", "f", 1, 1, 0.1, available=("coder-m", "sage-s")),
+        Turn("sage-s", "r2", "", 1, 1, 0.1)), 1)
+    replay = build_replay([episode], pool, count_tokens=words, max_tokens=100, lam=0.05, gamma=0.99, c_ref=0.1)
+    np.testing.assert_array_equal(replay.available[0], [n in ("coder-m", "sage-s") for n in pool.names])
+    np.testing.assert_array_equal(replay.next_available[0], [True] * len(pool))
+    np.testing.assert_array_equal(replay.available[1], [True] * len(pool))
+
+
+def test_reference_cost_refuses_zero_cost_corpus():
+    episode = Episode("e", Task("t", "p"), (Turn("coder-m", "r", "f", 1, 1, 0.0),), 1)
+    with pytest.raises(ValueError, match="c_ref"):
+        reference_cost([episode])

@@ -1,0 +1,159 @@
+"""Training stages, checkpoints (resume, refusal), the launcher and the deployable Router, on tiny configs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from rivet_jax import checkpointing, train
+from rivet_jax.data import demo
+from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
+from rivet_jax.encoders import HashingEncoder
+from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.router import Router
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**overrides):
+    config = default.get_config("tiny")
+    for key, value in overrides.items():
+        target = config
+        *path, leaf = key.split(".")
+        for part in path:
+            target = target[part]
+        target[leaf] = value
+    return config
+
+
+def flat_params(state) -> dict:
+    return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(state.params)}
+
+
+class SimulatedKill(Exception):
+    pass
+
+
+def test_offline_training_writes_metrics_and_checkpoints(tmp_path):
+    state = train.train(tiny_config(), tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    config = tiny_config()
+    assert [r["stage"] for r in records] == ["mc"] * config.mc_epochs + ["td"] * config.td_epochs
+    assert all(np.isfinite(r["loss"]) and r["steps_per_s"] > 0 for r in records)
+    assert records[-1]["cql"] > 0 and records[0]["cql"] == 0  # CQL only in TD (logsumexp over >1 model > q_taken)
+    assert checkpointing.StageCheckpoints(tmp_path, "td").latest_epoch() == config.td_epochs
+    assert int(state.step) == records[-1]["step"]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    config = tiny_config()
+    reference = train.train(config, tmp_path / "straight")
+
+    def kill_in_td(stage, epoch, record):
+        if stage == "td" and epoch == 2:
+            raise SimulatedKill
+
+    def kill_in_mc(stage, epoch, record):
+        if stage == "mc" and epoch == 1:
+            raise SimulatedKill
+
+    interrupted = tmp_path / "interrupted"
+    with pytest.raises(SimulatedKill):
+        train.train(config, interrupted, on_epoch_end=kill_in_mc)
+    with pytest.raises(SimulatedKill):
+        train.train(config, interrupted, on_epoch_end=kill_in_td)
+    resumed = train.train(config, interrupted)
+    expected, got = flat_params(reference), flat_params(resumed)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert int(resumed.step) == int(reference.step)
+
+
+def test_td_requires_finished_mc(tmp_path):
+    with pytest.raises(FileNotFoundError, match="run --config.stage=mc first"):
+        train.run_stage(tiny_config(), tmp_path, "td")
+
+
+def test_non_finite_loss_stops_with_step_and_episodes(tmp_path):
+    config = tiny_config()
+    prepared = train.prepare_data(config, tmp_path)
+    bad_return = prepared.data.replay["mc_return"].at[:].set(jnp.nan)
+    broken = train.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
+        replay={**prepared.data.replay, "mc_return": bad_return})})
+    with pytest.raises(train.NonFiniteLossError, match=r"step 1; the batch held episodes \['demo-"):
+        train.run_stage(config, tmp_path, "mc", prepared=broken)
+    assert checkpointing.StageCheckpoints(tmp_path, "mc").latest_epoch() is None  # nothing diverged was saved
+
+
+def _cards_with_changed_price(tmp_path: Path) -> Path:
+    cards = list(demo.demo_pool().cards)
+    cards[0] = ModelCard(**{**cards[0].__dict__, "price_in_per_mtok": cards[0].price_in_per_mtok * 2})
+    path = tmp_path / "changed_cards.json"
+    write_model_cards(path, ModelPool(tuple(cards)))
+    return path
+
+
+def test_checkpoint_refused_for_other_pool_or_encoder(tmp_path):
+    config = tiny_config()
+    train.run_stage(config, tmp_path, "mc")
+    episodes = tmp_path / "data" / "demo_episodes.jsonl"
+    other_pool = tiny_config(**{"data.episodes": str(episodes), "data.cards": str(_cards_with_changed_price(tmp_path))})
+    with pytest.raises(checkpointing.CheckpointMismatchError, match="price_in_per_mtok"):
+        train.run_stage(other_pool, tmp_path, "td")
+    with pytest.raises(checkpointing.CheckpointMismatchError, match="encoder"):
+        Router.from_checkpoint(tmp_path, encoder=HashingEncoder(dim=32))
+
+
+def test_launcher_stages_then_router(tmp_path):
+    workdir = tmp_path / "run"
+    for stage in ("mc", "td"):
+        result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
+                                 f"--workdir={workdir}", f"--config.stage={stage}"],
+                                cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "Resuming" not in result.stderr
+    router = Router.from_checkpoint(workdir)
+    pool = demo.demo_pool()
+    assert router.pool.names == pool.names
+
+    episode = demo.demo_episodes(1, seed=11)[0]
+    history = episode.turns[:1]
+    decision = router.route(episode.task.prompt, history)
+    assert decision.model in pool.names
+    assert decision.model == max(decision.scores, key=decision.scores.get)
+    assert all(np.isfinite(v) for v in decision.scores.values())
+
+    # Availability: the choice is the best *available* model; the others score -inf.
+    ranked = sorted(decision.scores, key=decision.scores.get, reverse=True)
+    subset = ranked[1:3]
+    limited = router.route(episode.task.prompt, history, available=subset)
+    assert limited.model == ranked[1]
+    assert {n for n, v in limited.scores.items() if v == -np.inf} == set(pool.names) - set(subset)
+    for name in subset:
+        assert limited.scores[name] == pytest.approx(decision.scores[name])
+
+    # Batched scores agree with single decisions; history can be plain dicts.
+    as_dicts = [{"response": t.response, "feedback": t.feedback} for t in history]
+    batch = router.scores([(episode.task.prompt, history), (episode.task.prompt, []),
+                           (episode.task.prompt, as_dicts)])
+    assert batch.shape == (3, len(pool))
+    np.testing.assert_allclose(batch[0], [decision.scores[n] for n in pool.names], rtol=1e-5)
+    np.testing.assert_allclose(batch[2], batch[0], rtol=1e-6)
+
+    # The router is the trained RVE: same numbers as the network on the training state embedding.
+    config = tiny_config()
+    trained = train.run_stage(config, workdir, "td")  # already complete: restores, trains nothing
+    h = router.encoder.encode([router.state_text(episode.task.prompt, history)])
+    cards = (router.encoder.encode([c.description for c in pool.cards]), *router._cards[1:])
+    direct = make_network(config).apply({"params": trained.params}, jnp.asarray(h), cards, method=RivetNet.q_route)
+    np.testing.assert_allclose(batch[0], np.asarray(direct)[0], rtol=1e-5, atol=1e-6)
+
+    with pytest.raises(ValueError, match="unknown models"):
+        router.route(episode.task.prompt, history, available=["no-such-model"])
