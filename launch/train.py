@@ -9,7 +9,7 @@ A killed run started again with the same command resumes from its last checkpoin
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from rivet_jax import train
+from rivet_jax import checkpointing, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py[:variant]).",
                                           lock_config=True)
@@ -23,6 +23,7 @@ def main(argv):
     if _MULTIHOST.value:
         import jax
         jax.distributed.initialize()
+    checkpointing.quiet_orbax_logs()
     logging.info("Config:\n%s", _CONFIG.value)
     train.train(_CONFIG.value, _WORKDIR.value)
 

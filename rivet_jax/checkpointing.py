@@ -8,6 +8,7 @@ against a different pool or encoder with a message naming what differs.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,19 @@ class StageCheckpoints:
         if epoch is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         return epoch
+
+
+class _DropOrbaxInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def quiet_orbax_logs() -> None:
+    """Hides orbax's INFO chatter (dozens of lines per save) from absl logging; warnings still show.
+
+    For launchers, which own the process's logging; the library itself never calls it.
+    """
+    logging.getLogger("absl").addFilter(_DropOrbaxInfo())
 
 
 def latest_stage(workdir: str | os.PathLike, stages: tuple[str, ...]) -> str | None:

@@ -13,6 +13,7 @@ The card projector and the adapter are shared; the two heads have separate param
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -111,7 +112,12 @@ def make_network(config: Any) -> RivetNet:
 
 def init_params(net: RivetNet, key: jax.Array, state_dim: int, cards) -> dict:
     """Parameters of both estimators for state/response embeddings of width `state_dim`."""
-    h = jnp.zeros((1, state_dim), jnp.float32)
+    return _jit_init(net, key, jnp.zeros((1, state_dim), jnp.float32), cards)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jit_init(net: RivetNet, key: jax.Array, h: jax.Array, cards) -> dict:
+    # One compiled call instead of a few hundred eagerly dispatched (and separately compiled) small ops.
     return net.init(key, h, cards, jnp.zeros((1,), jnp.int32), h)["params"]
 
 

@@ -94,7 +94,7 @@ def stage_key(seed: int, stage: str) -> jax.Array:
 
 def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainState:
     # The target is a copy, not an alias: the update donates the state, and one buffer cannot be donated twice.
-    return TrainState(params=params, target_params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params),
+    return TrainState(params=params, target_params=jax.tree.map(jnp.copy, params), opt_state=jax.jit(tx.init)(params),
                       step=jnp.zeros((), jnp.int32), key=key)
 
 
@@ -243,9 +243,12 @@ def saveable(state: TrainState) -> dict:
             "step": state.step, "key": jax.random.key_data(state.key)}
 
 
-def _fromsaveable(tree: dict) -> TrainState:
+def from_saveable(tree: dict) -> TrainState:
+    # orbax restores committed arrays; jit outputs are uncommitted. Passing both kinds to one jit compiles it twice,
+    # so restored arrays are re-made as plain uncommitted ones.
+    tree = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
     return TrainState(params=tree["params"], target_params=tree["target_params"], opt_state=tree["opt_state"],
-                      step=jnp.asarray(tree["step"]), key=jax.random.wrap_key_data(jnp.asarray(tree["key"])))
+                      step=tree["step"], key=jax.random.wrap_key_data(tree["key"]))
 
 
 def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
@@ -278,7 +281,7 @@ def _restore(checkpoints: checkpointing.StageCheckpoints, like: TrainState, prep
     checkpointing.check_compatible(meta, prepared.pool, prepared.encoder.fingerprint, config.model.to_dict(),
                                    source=str(checkpoints.directory))
     restored, _ = checkpoints.restore(saveable(like), epoch=epoch)
-    return _fromsaveable(restored)
+    return from_saveable(restored)
 
 
 def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: Path, stage: str) -> TrainState:
