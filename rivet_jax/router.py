@@ -72,11 +72,12 @@ class Router:
 
     @classmethod
     def from_checkpoint(cls, workdir: str | os.PathLike, stage: str | None = None,
-                        encoder: Encoder | None = None) -> "Router":
+                        encoder: Encoder | None = None, pool: ModelPool | None = None) -> "Router":
         """Loads the latest checkpoint of `stage` (default: the last trained stage) from a training workdir.
 
-        `encoder` defaults to the one named in the checkpoint's config; its fingerprint must match the one the
-        router was trained with.
+        `encoder` defaults to the one named in the checkpoint's config; `pool` (e.g. your deployment's cards)
+        defaults to the checkpoint's own. Both must match what the router was trained with; models that are
+        temporarily unavailable are handled per call with `available`, not with another pool.
         """
         stage = stage or checkpointing.latest_stage(workdir, STAGES)
         if stage is None:
@@ -84,7 +85,7 @@ class Router:
         checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=None)
         meta = checkpoints.restore_meta()
         config = ml_collections.ConfigDict(meta["config"])
-        pool = ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
+        pool = pool or ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
         encoder = encoder or make_encoder(config.encoder)
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
         net = make_network(config)

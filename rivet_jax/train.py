@@ -199,7 +199,8 @@ def _corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
     """The configured logs, or the demo corpus written once into the workdir."""
     if config.data.episodes:
         if not config.data.cards:
-            raise ValueError("config.data.episodes is set but config.data.cards is not: name the pool's model_cards.json")
+            raise ValueError("config.data.episodes is set but config.data.cards is not: "
+                             "name the pool's model_cards.json")
         return Path(config.data.episodes), Path(config.data.cards)
     episodes_path, cards_path = workdir / "data" / "demo_episodes.jsonl", workdir / "data" / "demo_cards.json"
     if not episodes_path.exists():
@@ -331,7 +332,7 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
               on_epoch_end: Callable[[str, int, dict], None] | None = None) -> TrainState:
     """Runs (or resumes) one stage to `config.<stage>_epochs`, checkpointing every `checkpoint_every_epochs`.
 
-    `on_epoch_end(stage, epoch, record)` is called after each epoch's checkpoint decision (progress hooks).
+    `on_epoch_end(stage, epoch, record)` is called after each epoch's checkpoint and log line (progress hooks).
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
@@ -362,9 +363,9 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
         record = {"stage": stage, "epoch": epoch + 1, "epochs": epochs, "step": int(state.step),
                   **{k: float(np.mean(v)) for k, v in metrics.items()},
                   "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
-        _log_epoch(workdir, record)
         if (epoch + 1) % config.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
             checkpoints.save(epoch + 1, saveable(state), meta)
+        _log_epoch(workdir, record)  # after the save: a logged epoch is never lost to a kill (with per-epoch saves)
         if on_epoch_end is not None:
             on_epoch_end(stage, epoch + 1, record)
     checkpoints.close()

@@ -109,6 +109,9 @@ def test_checkpoint_refused_for_other_pool_or_encoder(tmp_path):
         train.run_stage(other_pool, tmp_path, "td")
     with pytest.raises(checkpointing.CheckpointMismatchError, match="encoder"):
         Router.from_checkpoint(tmp_path, encoder=HashingEncoder(dim=32))
+    fewer = ModelPool(demo.demo_pool().cards[:3])
+    with pytest.raises(checkpointing.CheckpointMismatchError, match="flash-xs"):
+        Router.from_checkpoint(tmp_path, pool=fewer)
 
 
 def test_launcher_stages_then_router(tmp_path):
@@ -157,3 +160,79 @@ def test_launcher_stages_then_router(tmp_path):
 
     with pytest.raises(ValueError, match="unknown models"):
         router.route(episode.task.prompt, history, available=["no-such-model"])
+
+
+def test_each_stage_compiles_its_epoch_once_even_when_resumed(tmp_path, monkeypatch):
+    """Restored and freshly computed states must hit the same compiled epoch (no second compile per stage)."""
+    made = []
+    original = train.make_train_epoch
+
+    def recording(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(train, "make_train_epoch", recording)
+    config = tiny_config()
+    train.run_stage(config, tmp_path, "mc")           # fresh
+    train.run_stage(config, tmp_path, "td")           # starts from the restored MC parameters
+
+    def kill(stage, epoch, record):
+        if epoch == 1:
+            raise SimulatedKill
+
+    with pytest.raises(SimulatedKill):
+        train.run_stage(config, tmp_path / "b", "mc", on_epoch_end=kill)
+    train.run_stage(config, tmp_path / "b", "mc")     # resumed from a restored MC state
+    assert [f._cache_size() for f in made] == [1, 1, 1, 1]
+
+
+@pytest.mark.slow
+def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
+    """A real SIGKILL of the launcher, then the same command again: same final parameters as a straight run."""
+    import signal
+    import time
+
+    args = ["--config=configs/default.py:tiny", "--config.stage=mc", "--config.mc_epochs=60"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={straight}", *args], cwd=REPO, check=True,
+                   capture_output=True, timeout=300)
+    process = subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={killed}", *args], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before_kill = checkpointing.StageCheckpoints(killed, "mc").latest_epoch()
+    assert done_before_kill is not None and done_before_kill < 60
+    resumed = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={killed}", *args], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resuming stage mc" in resumed.stderr
+
+    config = tiny_config(mc_epochs=60)
+    expected = flat_params(train.run_stage(config, straight, "mc"))  # complete: restores only
+    got = flat_params(train.run_stage(config, killed, "mc"))
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_launcher_reports_bad_logs_as_one_clear_line(tmp_path):
+    episodes = demo.demo_episodes(3, seed=1)
+    good = [json.dumps(e.to_json()) for e in episodes]
+    broken = json.loads(good[1])
+    broken["turns"][0]["cost"] = -1.0
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("\n".join([good[0], json.dumps(broken), good[2]]) + "\n")
+    cards = tmp_path / "cards.json"
+    write_model_cards(cards, demo.demo_pool())
+    result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
+                             f"--workdir={tmp_path / 'w'}", f"--config.data.episodes={path}",
+                             f"--config.data.cards={cards}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert f"{path}:2: field 'turns[0].cost'" in result.stderr
+    assert "Traceback" not in result.stderr

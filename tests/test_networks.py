@@ -1,0 +1,74 @@
+"""The shared representation and the two heads: shapes, sharing, and the deployable subset."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from rivet_jax.networks import RVE_MODULES, RivetNet, init_params, make_network, rve_params
+
+B, M, D, F = 5, 4, 32, 3
+
+
+@pytest.fixture(scope="module")
+def setup():
+    net = make_network(default.get_config("tiny"))
+    # jit'ed apply: the same numbers, without compiling every op separately (keeps the tests fast)
+    net.apply = jax.jit(net.apply, static_argnames="method")
+    rng = np.random.default_rng(0)
+    cards = (jnp.asarray(rng.normal(size=(M, D)), jnp.float32), jnp.asarray(rng.normal(size=(M, F)), jnp.float32),
+             jnp.ones((M, F), jnp.float32))
+    params = init_params(net, jax.random.key(0), D, cards)
+    h = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
+    e_o = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
+    return net, params, cards, h, e_o
+
+
+def test_shapes_and_separate_heads(setup):
+    net, params, cards, h, e_o = setup
+    q, q_resp = net.apply({"params": params}, h, cards, jnp.arange(B) % M, e_o, method=RivetNet.q_both)
+    assert q.shape == (B, M) and q_resp.shape == (B,)
+    assert set(params) == {"card_projector", "state_adapter", "route_head", "response_projector", "resp_head"}
+    # two heads of the same architecture, but their own parameters
+    assert jax.tree.structure(params["route_head"]) == jax.tree.structure(params["resp_head"])
+    assert not np.allclose(params["route_head"]["out"]["kernel"], params["resp_head"]["out"]["kernel"])
+
+
+def test_candidates_scored_together_equal_scored_alone(setup):
+    """Scoring M candidates at once is the same function as scoring each card on its own."""
+    net, params, cards, h, _ = setup
+    together = net.apply({"params": params}, h, cards, method=RivetNet.q_route)
+    for m in range(M):
+        alone = net.apply({"params": params}, h, tuple(c[m:m + 1] for c in cards), method=RivetNet.q_route)
+        np.testing.assert_allclose(alone[:, 0], together[:, m], rtol=1e-5, atol=1e-6)
+
+
+def test_route_values_need_only_rve_params_and_ignore_responses(setup):
+    net, params, cards, h, e_o = setup
+    deployable = rve_params(params)
+    assert set(deployable) == set(RVE_MODULES)
+    q_full = net.apply({"params": params}, h, cards, method=RivetNet.q_route)
+    q_rve = net.apply({"params": deployable}, h, cards, method=RivetNet.q_route)
+    np.testing.assert_array_equal(q_full, q_rve)
+    # Q_resp reads the response; Q_route from q_both does not
+    actions = jnp.zeros(B, jnp.int32)
+    q_a, resp_a = net.apply({"params": params}, h, cards, actions, e_o, method=RivetNet.q_both)
+    q_b, resp_b = net.apply({"params": params}, h, cards, actions, jnp.zeros_like(e_o), method=RivetNet.q_both)
+    np.testing.assert_array_equal(q_a, q_b)
+    assert not np.allclose(resp_a, resp_b)
+
+
+def test_rive_gradient_reaches_the_shared_representation(setup):
+    """The auxiliary loss shapes the representation RVE uses: its gradient is non-zero on the shared modules and
+    zero on the RVE head."""
+    net, params, cards, h, e_o = setup
+
+    def rive_loss(p):
+        _, q_resp = net.apply({"params": p}, h, cards, jnp.zeros(B, jnp.int32), e_o, method=RivetNet.q_both)
+        return jnp.sum(q_resp**2)
+
+    grads = jax.grad(rive_loss)(params)
+    norm = lambda tree: float(sum(jnp.sum(x**2) for x in jax.tree.leaves(tree)))
+    assert norm(grads["state_adapter"]) > 0 and norm(grads["card_projector"]) > 0
+    assert norm(grads["route_head"]) == 0
