@@ -104,6 +104,5 @@ def demo_episodes(num_episodes: int, seed: int = 0, max_turns: int = 6) -> list[
             if final:
                 outcome = int(solved)
                 break
-        turns[-1] = Turn(**{**turns[-1].__dict__, "done": True})
         episodes.append(Episode(episode_id=f"{task.id}-0", task=task, turns=tuple(turns), outcome=outcome))
     return episodes
