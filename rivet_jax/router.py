@@ -61,8 +61,9 @@ class Router:
     """Scores candidate models from pre-call information with a trained RVE."""
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
-                 card_embeddings: np.ndarray):
+                 card_embeddings: np.ndarray, c_ref: float | None = None):
         self.pool = pool
+        self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
         self._net = make_network(config)
@@ -93,7 +94,7 @@ class Router:
         restored, _ = checkpoints.restore(saveable(like))
         checkpoints.close()
         card_embeddings = encoder.encode([card.description for card in pool.cards])
-        return cls(restored["params"], pool, encoder, config, card_embeddings)
+        return cls(restored["params"], pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
     # ------------------------------------------------------------------------------------------------ scoring
 

@@ -1,0 +1,25 @@
+r"""Writes RouteSim's logged corpus: six fixed-model policies and a random router on the training tasks.
+
+  python -m launch.collect --config=configs/routesim.py --workdir=/tmp/routesim
+
+Output: <workdir>/corpus/{episodes.jsonl, model_cards.json, summary.md, summary.json}.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from rivet_jax import pipelines
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the corpus.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    del argv
+    corpus = pipelines.collect(_CONFIG.value, _WORKDIR.value)
+    print((corpus / "summary.md").read_text(encoding="utf-8"), end="")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,2 @@
+"""Environments: the `Env` / `Policy` protocols (base), RouteSim (routesim), its exact DP (oracle), and the logged
+corpus collection (collect)."""

@@ -1,0 +1,297 @@
+"""Exact dynamic programming over RouteSim's hidden state: the optimal router, and exact policy statistics.
+
+The hidden state before a turn is (t, k, w, c): turn index, current step, wrong proposals so far, prompt tokens.
+From it, each model's next turn is a finite set of branches (outcome x wording) with known probabilities, token
+counts and effects, all derived from the environment's own `render_response` and `respond`, so the DP and the
+environment cannot disagree. Everything is computed backwards over t with c on an exact integer grid:
+
+  V_t(k, w, c)  expected discounted return (Eq. 2)        -> the oracle's argmax over models
+  S_t           probability of success                    -> accuracy
+  $_t           expected remaining dollar cost             -> cost
+  N_t           expected remaining turns
+  Z_t(.., m)    probability of never switching away from m (given m was called last)  -> switch rate
+  W_t           second moment of the return (behaviour policies only) -> Var(Y | X) for Proposition 4.1
+
+A policy is the weight it puts on each model at each hidden state: argmax of V (the oracle), one model (fixed), or
+uniform (the random router), each restricted to the available models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from rivet_jax.envs.routesim import (OUTCOMES, SKILLS, VARIANTS, RouteSim, SimState, SimTask, render_response,
+                                     respond)
+
+
+@dataclasses.dataclass(frozen=True)
+class Branches:
+    """The B branches of every step of one task (B = outcomes x wordings). K steps, M models."""
+
+    prob: np.ndarray     # (K, B, M) probability of the branch when model m acts at step k
+    tokens: np.ndarray   # (K, B, M) prompt growth in token blocks: completion + the feedback's tokens
+    cost_out: np.ndarray  # (B, M) output cost in dollars (price_out x completion tokens)
+    advance: np.ndarray  # (K, B) int, 1 when the branch completes a non-final step
+    wrong: np.ndarray    # (K, B) int, 1 when the branch is a wrong solution proposal
+    correct: np.ndarray  # (K, B) float, 1 when the branch solves the task
+
+
+def branches(sim: RouteSim, sim_task: SimTask) -> Branches:
+    rng = np.random.default_rng(0)  # random content never changes token counts or effects (see render_response)
+    kinds = [(o, v) for o, outcome in enumerate(OUTCOMES) for v in range(VARIANTS.get(outcome, 1))]
+    num_steps = sim_task.num_steps
+    prob = np.zeros((num_steps, len(kinds), len(sim.models)))
+    tokens = np.zeros((num_steps, len(kinds), len(sim.models)), np.int64)
+    advance, wrong = (np.zeros((num_steps, len(kinds)), np.int64) for _ in range(2))
+    correct = np.zeros((num_steps, len(kinds)))
+    for k in range(num_steps):
+        probs = sim.outcome_probs(sim_task, k)  # (M, O)
+        for b, (o, variant) in enumerate(kinds):
+            text = render_response(OUTCOMES[o], SKILLS[sim_task.skills[k]], k, sim_task.answers[k],
+                                   k == num_steps - 1, rng, variant)
+            reply = respond(text, sim_task.answers, k, sim.max_proposals)
+            prob[k, b] = probs[:, o] / VARIANTS.get(OUTCOMES[o], 1)
+            tokens[k, b] = (sim.completion[:, o] + sim.feedback_tokens(reply.feedback)) // sim.block
+            advance[k, b] = reply.progress and not reply.proposal
+            wrong[k, b] = reply.proposal and not reply.correct
+            correct[k, b] = reply.correct
+    cost_out = np.stack([sim.price_out * sim.completion[:, o] for o, _ in kinds])  # (B, M)
+    return Branches(prob, tokens, cost_out, advance, wrong, correct)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyStats:
+    """Exact expectations for one task from its first turn."""
+
+    value: float          # expected discounted return J (Eq. 2)
+    success: float        # probability of success
+    cost: float           # expected dollar cost
+    turns: float          # expected number of turns
+    switch: float         # probability that the episode calls more than one model
+
+
+@dataclasses.dataclass(frozen=True)
+class Solution:
+    stats: PolicyStats
+    values: np.ndarray                # (T + 1, K, P, C) V_t(k, w, c) of the policy; V_T = 0
+    second_moment: np.ndarray | None  # (T + 1, K, P, C) E[G_t^2], when asked for
+    branches: Branches
+    block: int                        # tokens per grid unit of c
+
+
+def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: float, policy: str | int,
+          available: Sequence[bool] | None = None, second_moment: bool = False) -> Solution:
+    """Backward DP for one task. `policy`: 'oracle', 'random', or a model index (fixed model)."""
+    br = branches(sim, sim_task)
+    num_steps, num_branches, num_models = br.prob.shape
+    turns, proposals = sim.max_turns, sim.max_proposals
+    mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
+    c0 = sim.task_tokens(sim_task) // sim.block          # prompt lengths in token blocks from here on
+    pad = int(br.tokens.max())
+    size = c0 + (turns - 1) * pad + 1                     # every reachable prompt length is < size
+    ext = size + pad                                      # tables are padded so c + tokens never leaves them
+    cost_in = sim.price_in[:, None] * (np.arange(size) * sim.block)[None, :]   # (M, C) input dollars
+    num_q = 4 + second_moment                             # V, S, $, N (+ W); Z kept apart (it has a model axis)
+    # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w): these do not
+    # depend on t, so the backward loop only gathers.
+    c_index = np.arange(size)[None, None, :]
+    models = np.arange(num_models)[None, :, None]
+    landing, landing_z, done = {}, {}, {}
+    for k in range(num_steps):
+        at = c_index + br.tokens[k][:, :, None]                                # (B, M, C)
+        for w in range(proposals):
+            wrong = w + br.wrong[k]
+            cell = (k + br.advance[k]) * proposals + np.minimum(wrong, proposals - 1)   # (B,) next (k, w)
+            landing[k, w] = ((cell[:, None, None] * ext + at) * num_q)[..., None] + np.arange(num_q)  # (B,M,C,Q)
+            landing_z[k, w] = (cell[:, None, None] * num_models + models) * ext + at              # (B, M, C)
+            done[k, w] = (br.correct[k] > 0) | (wrong >= proposals)
+    nxt = np.zeros((num_steps, proposals, ext, num_q))          # V, S, $, N, W at t+1
+    nxt_z = np.ones((num_steps, proposals, num_models, ext))    # Z at t+1 (no switch ever after the last turn)
+    values = np.zeros((turns + 1, num_steps, proposals, size))
+    moments = np.zeros((turns + 1, num_steps, proposals, size)) if second_moment else None
+    grow_min = int(br.tokens.min())
+    for t in reversed(range(turns)):
+        # Only prompt lengths reachable at turn t: c0 + t * (least growth) .. c0 + t * (most growth).
+        lo, hi = c0 + t * grow_min, c0 + t * pad + 1
+        cur = np.zeros_like(nxt)
+        cur_z = np.ones_like(nxt_z)
+        for k in range(num_steps):
+            p = br.prob[k][:, :, None]                                         # (B, M, 1)
+            cost = cost_in[None, :, lo:hi] + br.cost_out[:, :, None]           # (B, M, C_t)
+            reward = -lam * cost / c_ref + br.correct[k][:, None, None]        # (B, M, C_t)
+            for w in range(proposals):
+                ends = (done[k, w] | (t + 1 >= turns))[:, None, None]         # (B, 1, 1)
+                future = np.where(ends[..., None], 0.0, np.take(nxt, landing[k, w][:, :, lo:hi]))  # (B, M, C_t, Q)
+                future_z = np.where(ends, 1.0, np.take(nxt_z, landing_z[k, w][:, :, lo:hi]))      # (B, M, C_t)
+                q = [np.sum(p * (reward + gamma * future[..., 0]), axis=0),                 # (M, C) each
+                     np.sum(p * (br.correct[k][:, None, None] + future[..., 1]), axis=0),
+                     np.sum(p * (cost + future[..., 2]), axis=0),
+                     np.sum(p * (1.0 + future[..., 3]), axis=0)]
+                if second_moment:
+                    q.append(np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0]
+                                         + gamma**2 * future[..., 4]), axis=0))
+                weights = _policy_weights(policy, q[0], mask)                  # (M, C_t)
+                cur[k, w, lo:hi] = np.einsum("mc,qmc->cq", weights, np.stack(q))
+                # Z(prev = m): switch-free from here only if the policy calls m again and then never switches.
+                cur_z[k, w, :, lo:hi] = weights * np.sum(p * future_z, axis=0)
+        values[t] = cur[:, :, :size, 0]
+        if moments is not None:
+            moments[t] = cur[:, :, :size, 4]
+        nxt, nxt_z = cur, cur_z
+    first = nxt[0, 0, c0]
+    # At the first turn there is no previous model: the episode never switches if, having called m, it keeps m.
+    switch = 1.0 - float(nxt_z[0, 0, :, c0].sum())
+    stats = PolicyStats(value=float(first[0]), success=float(first[1]), cost=float(first[2]), turns=float(first[3]),
+                        switch=switch)
+    return Solution(stats=stats, values=values, second_moment=moments, branches=br, block=sim.block)
+
+
+def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(M, C) probability of calling each model at each prompt length."""
+    num_models, size = q_value.shape
+    weights = np.zeros((num_models, size))
+    if policy == "oracle":
+        best = np.argmax(np.where(mask[:, None], q_value, -np.inf), axis=0)
+        weights[best, np.arange(size)] = 1.0
+    elif policy == "random":
+        weights[mask] = 1.0 / mask.sum()
+    else:
+        if not mask[policy]:
+            raise ValueError(f"fixed model {policy} is not available")
+        weights[policy] = 1.0
+    return weights
+
+
+# --------------------------------------------------------------------------------------- aggregate reports
+
+
+def policy_report(sim: RouteSim, split: str, lam: float, gamma: float, c_ref: float,
+                  available: Sequence[bool] | None = None) -> dict[str, dict[str, float]]:
+    """Exact accuracy, total cost (dollars, summed over the split's tasks), mean return, turns and switch rate
+    of the oracle, every available fixed model and the random router on `split`."""
+    mask = np.ones(len(sim.pool), bool) if available is None else np.asarray(available, bool)
+    policies = {"oracle": "oracle", **{name: m for m, name in enumerate(sim.pool.names) if mask[m]},
+                "random": "random"}
+    report = {}
+    for name, policy in policies.items():
+        stats = [solve(sim, t, lam, gamma, c_ref, policy, available=mask).stats for t in sim.sim_tasks(split)]
+        report[name] = {"accuracy": float(np.mean([s.success for s in stats])),
+                        "cost": float(np.sum([s.cost for s in stats])),
+                        "return": float(np.mean([s.value for s in stats])),
+                        "turns": float(np.mean([s.turns for s in stats])),
+                        "switch_rate": float(np.mean([s.switch for s in stats]))}
+    return report
+
+
+def most_accurate_fixed(report: dict[str, dict[str, float]], pool_names: Sequence[str]) -> str:
+    """The fixed model with the highest accuracy (ties: the cheaper), the paper's reference policy."""
+    fixed = [n for n in pool_names if n in report]
+    return max(fixed, key=lambda n: (report[n]["accuracy"], -report[n]["cost"]))
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """Names whose (accuracy, cost) no other point beats on both (>= accuracy and <= cost, one strictly)."""
+    def dominated(a, b):
+        return b[0] >= a[0] and b[1] <= a[1] and (b[0] > a[0] or b[1] < a[1])
+
+    return sorted(n for n, p in points.items() if not any(dominated(p, q) for m, q in points.items() if m != n))
+
+
+# ------------------------------------------------------------------------ Proposition 4.1 on a logged corpus
+
+
+def behaviour_policy(episode, pool_names: Sequence[str]) -> str | int:
+    """The logged policy of an episode: a fixed model (propensity 1 at every turn) or the uniform random router."""
+    if all(t.propensity == 1.0 for t in episode.turns) and len({t.model for t in episode.turns}) == 1:
+        return list(pool_names).index(episode.turns[0].model)
+    if all(t.propensity is not None and abs(t.propensity * len(pool_names) - 1) < 1e-9 for t in episode.turns):
+        return "random"
+    raise ValueError(f"episode {episode.episode_id}: behaviour policy is neither a fixed model nor uniform random")
+
+
+def response_resolved_share(sim: RouteSim, episodes, lam: float, gamma: float, c_ref: float) -> dict[str, float]:
+    """Var(Delta | X) / Var(Y | X) of Proposition 4.1, exactly, over the logged transitions X = (s_t, m_t).
+
+    Y is the Monte Carlo return G_t under the episode's own behaviour policy; the response O_t determines the
+    branch taken, so E[Y | X, O] = r + gamma V(next state) and Var(Delta | X) = Var_O(E[Y | X, O]). Returns the
+    ratio of sums over transitions (and the two sums).
+    """
+    cache: dict[tuple[str, object], Solution] = {}
+    resolved = total = 0.0
+    for episode in episodes:
+        sim_task = sim.sim_task(episode.task.id)
+        policy = behaviour_policy(episode, sim.pool.names)
+        key = (sim_task.task.id, policy)
+        if key not in cache:
+            cache[key] = solve(sim, sim_task, lam, gamma, c_ref, policy, second_moment=True)
+        solution = cache[key]
+        state = sim.reset(sim_task.task.id)
+        for t, turn in enumerate(episode.turns):
+            m = sim.pool.index(turn.model)
+            given_o = _branch_returns(solution, sim, state, m, t, lam, gamma, c_ref)  # (B, 3): p, E[Y|O], E[Y^2|O]
+            p, mean_o, second_o = given_o.T
+            mean = float(np.sum(p * mean_o))
+            resolved += float(np.sum(p * mean_o**2)) - mean**2
+            total += float(np.sum(p * second_o)) - mean**2
+            state = sim.apply_response(state, turn.model, turn.response, turn.completion_tokens)
+    return {"share": resolved / total if total > 0 else float("nan"), "var_delta": resolved, "var_y": total}
+
+
+def _branch_returns(solution: Solution, sim: RouteSim, state, m: int, t: int, lam: float, gamma: float,
+                    c_ref: float) -> np.ndarray:
+    """Per branch when model m acts in `state` at turn t and `solution`'s policy continues: (probability,
+    E[Y | branch], E[Y^2 | branch]); the last column is 0 when the solution has no second moments."""
+    br = solution.branches
+    k, w, c = state.step, state.wrong_proposals, state.context_tokens
+    rows = []
+    for b in range(br.prob.shape[1]):
+        reward = -lam * (sim.price_in[m] * c + br.cost_out[b, m]) / c_ref + br.correct[k, b]
+        wrong = w + br.wrong[k, b]
+        done = br.correct[k, b] > 0 or wrong >= sim.max_proposals or t + 1 >= sim.max_turns
+        if done:
+            v = second = 0.0
+        else:
+            index = (t + 1, k + br.advance[k, b], wrong, c // solution.block + br.tokens[k, b, m])
+            v = solution.values[index]
+            second = 0.0 if solution.second_moment is None else solution.second_moment[index]
+        rows.append((br.prob[k, b, m], reward + gamma * v, reward**2 + 2 * gamma * reward * v + gamma**2 * second))
+    return np.array(rows)
+
+
+def hidden_state(sim: RouteSim, task_id: str, history) -> SimState:
+    """Replays a history through the environment (identity-blind, so the logged models do not matter) to the
+    hidden state before the next turn."""
+    state = sim.reset(task_id)
+    for turn in history:
+        state = sim.apply_response(state, turn.model, turn.response, turn.completion_tokens)
+    return state
+
+
+class OraclePolicy:
+    """The optimal router as a policy: reads the hidden state (which a real router cannot) and takes the argmax of
+    the exact Q at it, over the available models."""
+
+    def __init__(self, sim: RouteSim, lam: float, gamma: float, c_ref: float, name: str = "oracle"):
+        self.sim, self.lam, self.gamma, self.c_ref, self.name = sim, lam, gamma, c_ref, name
+        self._solutions: dict[tuple[str, tuple[bool, ...]], Solution] = {}
+
+    def q_values(self, task_id: str, history, available) -> np.ndarray:
+        """(M,) exact Q(s, m) under optimal continuation; -inf for unavailable models."""
+        mask = tuple(name in available for name in self.sim.pool.names)
+        key = (task_id, mask)
+        if key not in self._solutions:
+            self._solutions[key] = solve(self.sim, self.sim.sim_task(task_id), self.lam, self.gamma, self.c_ref,
+                                         "oracle", available=mask)
+        state = hidden_state(self.sim, task_id, history)
+        q = np.full(len(mask), -np.inf)
+        for m in np.flatnonzero(mask):
+            p, mean, _ = _branch_returns(self._solutions[key], self.sim, state, m, len(history), self.lam,
+                                         self.gamma, self.c_ref).T
+            q[m] = float(np.sum(p * mean))
+        return q
+
+    def act(self, task, history, available, rng):
+        return self.sim.pool.names[int(np.argmax(self.q_values(task.id, history, available)))], 1.0

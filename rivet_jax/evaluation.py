@@ -1,0 +1,60 @@
+"""Evaluation: roll any policy over a manifest, and compare it with RouteSim's exact oracle.
+
+Metrics per policy: accuracy, total cost in dollars over the manifest (the paper's Cost column before
+normalisation), mean discounted return J (Eq. 2 at the given lambda and c_ref), mean turns, and the switch rate
+(share of episodes that call more than one model). On RouteSim the oracle, fixed models and the random router are
+computed exactly; a learned router is rolled out (`rollouts` episodes per task, deterministic given the seed).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rivet_jax.data.schema import Episode
+from rivet_jax.envs.base import Env, Policy, run_episode
+
+
+def discounted_return(episode: Episode, lam: float, gamma: float, c_ref: float) -> float:
+    """G_1 of one episode (Eqs. 1-2)."""
+    rewards = [-lam * t.cost / c_ref for t in episode.turns]
+    rewards[-1] += episode.outcome
+    return float(sum(gamma**i * r for i, r in enumerate(rewards)))
+
+
+def rollout(env: Env, policy: Policy, split: str, rollouts: int, seed: int,
+            available: Sequence[str] | None = None) -> list[Episode]:
+    """`rollouts` episodes of `policy` on every task of `split`; episode r of task i draws from rng([seed, r, i])."""
+    return [run_episode(env, task.id, policy, np.random.default_rng([seed, r, i]), f"{policy.name}/{task.id}/{r}",
+                        available=available)
+            for r in range(rollouts) for i, task in enumerate(env.tasks(split))]
+
+
+def episode_metrics(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float, rollouts: int = 1) -> dict:
+    """Accuracy, total cost per pass over the manifest, mean return, mean turns and switch rate."""
+    return {"accuracy": float(np.mean([e.outcome for e in episodes])),
+            "cost": float(sum(t.cost for e in episodes for t in e.turns) / rollouts),
+            "return": float(np.mean([discounted_return(e, lam, gamma, c_ref) for e in episodes])),
+            "turns": float(np.mean([len(e.turns) for e in episodes])),
+            "switch_rate": float(np.mean([len({t.model for t in e.turns}) > 1 for e in episodes]))}
+
+
+def compare_with_oracle(rows: dict[str, dict], oracle_row: dict, reference: str) -> dict[str, dict]:
+    """Adds regret (oracle return - return), accuracy gap to the oracle and cost relative to `reference`."""
+    out = {}
+    for name, row in rows.items():
+        out[name] = {**row, "regret": oracle_row["return"] - row["return"],
+                     "accuracy_gap": oracle_row["accuracy"] - row["accuracy"],
+                     "relative_cost": row["cost"] / rows[reference]["cost"]}
+    return out
+
+
+def format_table(rows: dict[str, dict], title: str) -> str:
+    lines = [f"### {title}", "",
+             "| policy | accuracy | cost ($) | cost vs ref | return J | regret | turns | switch rate |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['accuracy']:.3f} | {r['cost']:.4f} | {r['relative_cost']:.3f} | "
+                     f"{r['return']:.4f} | {r['regret']:.4f} | {r['turns']:.2f} | {r['switch_rate']:.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""RouteSim: the benchmark's five properties on the default configuration, and the DP's agreement with the
+environment it solves."""
+
+import numpy as np
+import pytest
+
+from configs import routesim as routesim_config
+from rivet_jax import evaluation
+from rivet_jax.data.replay import reference_cost
+from rivet_jax.data.schema import read_episodes
+from rivet_jax.envs import collect, oracle
+from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
+from rivet_jax.envs.routesim import OUTCOMES, SKILLS, RouteSim, make_routesim, render_response, respond
+
+LAM, GAMMA = 0.05, 0.99
+
+
+@pytest.fixture(scope="module")
+def sim() -> RouteSim:
+    return make_routesim(routesim_config.get_config().sim)
+
+
+@pytest.fixture(scope="module")
+def corpus(sim):
+    return collect.collect_corpus(sim, "train", seed=0)
+
+
+@pytest.fixture(scope="module")
+def c_ref(corpus):
+    return reference_cost(corpus)
+
+
+@pytest.fixture(scope="module")
+def report(sim, c_ref):
+    return oracle.policy_report(sim, "test", LAM, GAMMA, c_ref)
+
+
+def test_manifests_match_the_paper(sim):
+    assert {s: len(sim.tasks(s)) for s in ("train", "validation", "test")} == {"train": 200, "validation": 35,
+                                                                                "test": 141}
+    test_families = [t.family for t in sim.tasks("test")]
+    assert [test_families.count(f) for f in ("gsm8k", "hotpotqa", "math", "mmlu", "theoremqa")] == [21, 19, 45, 34,
+                                                                                                   22]
+    assert {s: len(sim.tasks(s)) for s in ("ood:musique", "ood:drop", "ood:mmlu_pro")} == {
+        "ood:musique": 180, "ood:drop": 160, "ood:mmlu_pro": 180}
+    ids = [t.id for s in sim.splits for t in sim.tasks(s)]
+    assert len(ids) == len(set(ids))
+    # the same seed gives the same tasks, a new simulator included
+    again = RouteSim(routesim_config.get_config().sim)
+    assert again.sim_tasks("test") == sim.sim_tasks("test")
+
+
+@pytest.mark.slow
+def test_property_1_no_model_dominates(sim, report):
+    fixed = {n: (report[n]["accuracy"], report[n]["cost"]) for n in sim.pool.names}
+    best = oracle.most_accurate_fixed(report, sim.pool.names)
+    cheapest = min(fixed, key=lambda n: fixed[n][1])
+    assert best != cheapest
+    assert len(oracle.pareto_front(fixed)) >= 3
+
+
+@pytest.mark.slow
+def test_property_2_switching_pays(sim, report):
+    best = report[oracle.most_accurate_fixed(report, sim.pool.names)]
+    ours = report["oracle"]
+    more_accurate = ours["accuracy"] >= best["accuracy"] + 0.05
+    as_accurate_for_half = ours["accuracy"] >= best["accuracy"] - 0.005 and ours["cost"] <= 0.5 * best["cost"]
+    assert more_accurate or as_accurate_for_half
+    assert ours["switch_rate"] >= 0.3
+    # the oracle is optimal: no fixed model or the random router has a higher expected return
+    assert all(ours["return"] >= row["return"] - 1e-9 for row in report.values())
+
+
+@pytest.mark.slow
+def test_property_3_responses_resolve_return_variance(sim, corpus, c_ref):
+    share = oracle.response_resolved_share(sim, corpus, LAM, GAMMA, c_ref)
+    assert share["share"] >= 0.2
+    assert 0 < share["var_delta"] < share["var_y"]
+
+
+def test_property_4_identity_blind(sim):
+    """The same response text from two different models: same feedback, progress, termination and grading."""
+    rng = np.random.default_rng(0)
+    task = sim.sim_tasks("test")[3]
+    state = sim.reset(task.task.id)
+    names = sim.pool.names
+    for outcome in OUTCOMES:
+        for final in (False, True):
+            text = render_response(outcome, SKILLS[task.skills[0]], 0, task.answers[0], final, rng)
+            a = sim.apply_response(state, names[0], text, 100)
+            b = sim.apply_response(state, names[-1], text, 100)
+            for field in ("step", "wrong_proposals", "done", "success", "context_tokens"):
+                assert getattr(a, field) == getattr(b, field), (outcome, field)
+            assert a.history[-1].feedback == b.history[-1].feedback
+            assert a.history[-1].cost != b.history[-1].cost  # prices differ: only the cost knows the model
+            assert names[0] not in a.history[-1].feedback and names[-1] not in a.task.prompt
+
+
+def test_property_5_same_seed_same_bytes(sim, tmp_path):
+    first, second, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    collect.write_corpus(first, sim, collect.collect_corpus(sim, "validation", seed=3))
+    collect.write_corpus(second, sim, collect.collect_corpus(sim, "validation", seed=3))
+    collect.write_corpus(other, sim, collect.collect_corpus(sim, "validation", seed=4))
+    for name in (collect.EPISODES_FILE, collect.CARDS_FILE, "summary.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes()
+    assert (first / collect.EPISODES_FILE).read_bytes() != (other / collect.EPISODES_FILE).read_bytes()
+    # and the corpus is valid under the project's schema, with propensities
+    episodes = read_episodes(first / collect.EPISODES_FILE, sim.pool).episodes
+    assert len(episodes) == 7 * 35
+    assert {t.propensity for e in episodes for t in e.turns} == {1.0, 1.0 / 6}
+
+
+def test_responses_carry_information(sim):
+    """Same model, same state, different responses with different futures, and the text shows which."""
+    task = sim.sim_tasks("test")[0]
+    state = sim.reset(task.task.id)
+    model = sim.pool.names[4]
+    seen = {}
+    for seed in range(200):
+        next_state = sim.step(state, model, np.random.default_rng(seed))
+        seen.setdefault(next_state.step, next_state.history[-1].response)
+    assert set(seen) == {0, 1}                                  # progress and no progress both happen
+    assert seen[0] != seen[1]
+    assert f"print({task.answers[0]})" in seen[1] and f"print({task.answers[0]})" not in seen[0]
+
+
+def test_environment_grades_text_alone():
+    answers = (11, 22, 33)
+    assert respond("<execute> print(11) </execute>", answers, 0, 2).progress
+    assert not respond("<execute> print(12) </execute>", answers, 0, 2).progress
+    assert "SyntaxError" in respond("<execute> print(x </execute>", answers, 0, 2).feedback
+    assert "NameError" in respond("<execute> print(x) </execute>", answers, 0, 2).feedback
+    assert "don't understand" in respond("<thought> hmm </thought>", answers, 0, 2).feedback
+    right, wrong = respond("<solution> 33 </solution>", answers, 2, 2), respond("<solution> 3 </solution>",
+                                                                                  answers, 2, 2)
+    assert right.correct and right.proposal and not wrong.correct and wrong.proposal
+    assert "1 chance" in wrong.feedback
+    # the right number proposed before the last step is not a solution of the task
+    assert not respond("<solution> 33 </solution>", answers, 1, 2).correct
+
+
+@pytest.mark.parametrize("policy", ["oracle", 2, "random"])
+def test_dp_matches_rollouts_in_the_environment(sim, policy):
+    """The DP's exact expectations agree with Monte Carlo rollouts of the same policy in the environment."""
+    c_ref = 0.002
+    task = sim.sim_tasks("test")[50]
+    exact = oracle.solve(sim, task, LAM, GAMMA, c_ref, policy).stats
+    runner = {"oracle": oracle.OraclePolicy(sim, LAM, GAMMA, c_ref), "random": RandomPolicy()}.get(
+        policy) or FixedModelPolicy(sim.pool.names[policy])
+    n = 1500
+    episodes = [run_episode(sim, task.task.id, runner, np.random.default_rng([11, i]), f"e{i}") for i in range(n)]
+    returns = np.array([evaluation.discounted_return(e, LAM, GAMMA, c_ref) for e in episodes])
+    success = np.array([e.outcome for e in episodes])
+    turns = np.array([len(e.turns) for e in episodes])
+    switched = np.array([len({t.model for t in e.turns}) > 1 for e in episodes])
+    for sample, expected in ((returns, exact.value), (success, exact.success), (turns, exact.turns),
+                             (switched, exact.switch)):
+        se = max(sample.std() / np.sqrt(n), 1e-3)
+        assert abs(sample.mean() - expected) < 4.5 * se, (policy, sample.mean(), expected)
+
+
+def test_oracle_respects_availability(sim):
+    task = sim.sim_tasks("test")[10]
+    names = sim.pool.names
+    policy = oracle.OraclePolicy(sim, LAM, GAMMA, 0.002)
+    available = names[2:4]
+    q = policy.q_values(task.task.id, (), available)
+    assert np.isneginf(q[[0, 1, 4, 5]]).all() and np.isfinite(q[[2, 3]]).all()
+    episode = run_episode(sim, task.task.id, policy, np.random.default_rng(0), "e", available=available)
+    assert {t.model for t in episode.turns} <= set(available)
+    assert all(t.available == tuple(available) for t in episode.turns)
