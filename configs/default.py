@@ -19,7 +19,7 @@ from ml_collections import config_dict
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
-    config.stage = "offline"  # mc | td | offline (mc then td)
+    config.stage = "offline"  # mc | td | online | offline (mc then td) | all (mc, td, online)
     config.seed = 42
 
     config.data = ml_collections.ConfigDict()
@@ -63,6 +63,23 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.checkpoint_every_epochs = 1
     config.checkpoints_to_keep = 2
 
+    # Online adaptation (stage 'online', App. B.2); it acts in the environment of `config.sim`.
+    config.online = ml_collections.ConfigDict()
+    config.online.lr = 3e-5
+    config.online.epsilon_start = 0.10
+    config.online.epsilon_end = 0.02
+    config.online.epsilon_episodes = 140   # episode-indexed anneal horizon
+    config.online.validate_every = 35      # trajectories between validations
+    config.online.early_stop_after = 140   # no early stop before this many trajectories
+    config.online.patience = 2             # validations without improvement before stopping
+    config.online.max_passes = 3           # passes over the task pool at most
+    config.online.split = "train"
+    config.online.validation_split = "validation"
+    config.online.test_split = "test"
+    config.online.curve_points = (35, 70, 105, 140)  # Figure 4: test accuracy and cost after this many
+    config.online.eval_rollouts = 1
+    config.online.eval_seed = 0
+
     if arg == "tiny":
         config.data.demo_episodes = 60
         config.encoder.dim = 64
@@ -75,6 +92,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.mc_epochs = 2
         config.td_epochs = 3
         config.target_sync_steps = 10
+        config.online.validate_every = 4
+        config.online.early_stop_after = 8
+        config.online.max_passes = 2
+        config.online.curve_points = (4, 8)
     elif arg:
         raise ValueError(f"unknown config variant {arg!r}; known: '' (paper settings), 'tiny'")
     return config

@@ -26,7 +26,7 @@ from rivet_jax.data.schema import ModelPool, Turn
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.networks import RivetNet, make_network, rve_params
-from rivet_jax.train import STAGES, make_optimizer, saveable, template_state
+from rivet_jax.train import ROUTER_STAGES, make_optimizer, saveable, template_state
 
 # A history turn: a Turn, or any mapping with "response" and "feedback".
 HistoryTurn = Turn | Mapping[str, str]
@@ -44,7 +44,7 @@ class _HistoryItem:
     feedback: str
 
 
-def _as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
+def as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
     items = []
     for i, turn in enumerate(history):
         if isinstance(turn, Turn):
@@ -80,7 +80,7 @@ class Router:
         defaults to the checkpoint's own. Both must match what the router was trained with; models that are
         temporarily unavailable are handled per call with `available`, not with another pool.
         """
-        stage = stage or checkpointing.latest_stage(workdir, STAGES)
+        stage = stage or checkpointing.latest_stage(workdir, ROUTER_STAGES)
         if stage is None:
             raise FileNotFoundError(f"no checkpoint under {checkpointing.stage_dir(workdir, '*')}")
         checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=None)
@@ -99,7 +99,7 @@ class Router:
     # ------------------------------------------------------------------------------------------------ scoring
 
     def state_text(self, task: str, history: Sequence[HistoryTurn]) -> str:
-        return serialize_state(task, _as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+        return serialize_state(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
 
     def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
         """(M,) bool; unknown names are an error, an empty set is an error."""

@@ -34,8 +34,9 @@ from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards, wr
 from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
 from rivet_jax.networks import RivetNet, init_params, make_network
 
-STAGES = ("mc", "td")
-_STAGE_IDS = {"mc": 0, "td": 1}
+STAGES = ("mc", "td")                  # the offline stages (this module)
+ROUTER_STAGES = ("mc", "td", "online")  # every stage whose checkpoint is a router, in training order
+_STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -101,31 +102,34 @@ def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainSta
 # ----------------------------------------------------------------------------------------------------- losses
 
 
-def _batch_loss(params, target_params, data: TrainData, idx, *, net: RivetNet, config, stage: str):
-    """The stage's loss on the transitions `idx` (B,), and its metrics."""
+def gather_batch(data: TrainData, idx: jax.Array) -> dict:
+    """The transitions `idx` (B,) as vectors: h_t, h_tp1, e_o (B, D) and the per-transition arrays."""
     batch = jax.tree.map(lambda x: x[idx], data.replay)
-    cards = data.cards()
-    h_t = data.embeddings[batch["state"]]                              # (B, D)
-    e_o = data.embeddings[batch["response"]]                           # (B, D)
-    if config.loss.zero_response:
-        e_o = jnp.zeros_like(e_o)
-    q_all, q_resp = net.apply({"params": params}, h_t, cards, batch["action"], e_o, method=RivetNet.q_both)
+    return {"h_t": data.embeddings[batch["state"]], "h_tp1": data.embeddings[batch["next_state"]],
+            "e_o": data.embeddings[batch["response"]],
+            **{k: batch[k] for k in ("action", "reward", "done", "mc_return", "available", "next_available")}}
+
+
+def batch_loss(params, target_params, batch: dict, cards, *, net: RivetNet, config, stage: str):
+    """The stage's loss (MC: fit(G); TD: fit(Y) + alpha CQL) on a gathered batch, and its metrics."""
+    e_o = jnp.zeros_like(batch["e_o"]) if config.loss.zero_response else batch["e_o"]
+    q_all, q_resp = net.apply({"params": params}, batch["h_t"], cards, batch["action"], e_o,
+                              method=RivetNet.q_both)                                              # (B, M), (B,)
     if stage == "mc":
         target = batch["mc_return"]
     else:
-        h_tp1 = data.embeddings[batch["next_state"]]                   # (B, D)
-        q_tp1_online = net.apply({"params": params}, h_tp1, cards, method=RivetNet.q_route)         # (B, M)
-        q_tp1_target = net.apply({"params": target_params}, h_tp1, cards, method=RivetNet.q_route)  # (B, M)
+        q_tp1_online = net.apply({"params": params}, batch["h_tp1"], cards, method=RivetNet.q_route)         # (B, M)
+        q_tp1_target = net.apply({"params": target_params}, batch["h_tp1"], cards, method=RivetNet.q_route)  # (B, M)
         # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
         target = losses.batched_double_dqn_target(batch["reward"], batch["done"], config.reward.gamma,
                                                   jax.lax.stop_gradient(q_tp1_online), q_tp1_target,
                                                   batch["next_available"])
     q_taken = jnp.take_along_axis(q_all, batch["action"][:, None], axis=1)[:, 0]  # (B,)
     fit = jnp.mean(losses.batched_fit(q_taken, q_resp, target, config.loss.beta, config.loss.huber_delta))
-    if stage == "td":
-        cql = jnp.mean(losses.batched_cql(q_all, batch["action"], batch["available"]))
-    else:
+    if stage == "mc":
         cql = jnp.zeros(())
+    else:
+        cql = jnp.mean(losses.batched_cql(q_all, batch["action"], batch["available"]))
     loss = fit + config.loss.alpha * cql
     available_q = jnp.where(batch["available"], q_all, jnp.nan)
     metrics = {"loss": loss, "fit": fit, "cql": cql, "q_taken": jnp.mean(q_taken), "q_resp": jnp.mean(q_resp),
@@ -134,23 +138,27 @@ def _batch_loss(params, target_params, data: TrainData, idx, *, net: RivetNet, c
     return loss, metrics
 
 
+def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState:
+    """One optimizer step, then the periodic target-network copy (every `sync_steps` steps)."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step = state.step + 1
+    target_params = optax.periodic_update(params, state.target_params, step, sync_steps)
+    return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step)
+
+
 # ---------------------------------------------------------------------------------------------------- updates
 
 
 def make_train_step(net: RivetNet, tx, config, stage: str) -> Callable:
     """One gradient update on the transitions `idx`: (state, data, idx) -> (state, metrics). Not jit'ed here."""
-    loss_fn = functools.partial(_batch_loss, net=net, config=config, stage=stage)
-    sync_steps = config.target_sync_steps
+    loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
 
     def train_step(state: TrainState, data: TrainData, idx: jax.Array):
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (_, metrics), grads = grad_fn(state.params, state.target_params, data, idx)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        step = state.step + 1
-        target_params = optax.periodic_update(params, state.target_params, step, sync_steps)
+        (_, metrics), grads = grad_fn(state.params, state.target_params, gather_batch(data, idx), data.cards())
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step), metrics
+        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
 
     return train_step
 
@@ -373,13 +381,25 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
 
 
 def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
-    """The launcher's entry point: `config.stage` is 'mc', 'td', or 'offline' (both, in order)."""
-    stages = STAGES if config.stage == "offline" else (config.stage,)
-    if any(s not in STAGES for s in stages):
-        raise ValueError(f"unknown stage {config.stage!r}; known: {STAGES + ('offline',)}")
+    """The launcher's entry point: `config.stage` is 'mc', 'td', 'online', 'offline' (mc then td) or 'all'.
+
+    'online' needs an environment to act in: the RouteSim of `config.sim` (configs/routesim.py).
+    """
+    stages = {"offline": STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
+    if any(s not in ROUTER_STAGES for s in stages):
+        raise ValueError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
     workdir = Path(workdir)
     prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     state = None
     for stage in stages:
-        state = run_stage(config, workdir, stage, prepared, on_epoch_end)
+        if stage == "online":
+            from rivet_jax import online  # the online stage needs an environment; offline training does not
+            from rivet_jax.envs.routesim import make_routesim
+
+            if "sim" not in config:
+                raise ValueError("online adaptation acts in an environment: use a config with `sim` "
+                                 "(configs/routesim.py)")
+            state = online.run_online(config, workdir, make_routesim(config.sim), prepared)
+        else:
+            state = run_stage(config, workdir, stage, prepared, on_epoch_end)
     return state

@@ -1,0 +1,258 @@
+"""Replay-anchored online adaptation (Sec. 4.2, App. B.2): the third stage, from the finished TD checkpoint.
+
+    for each new trajectory (tasks of the training manifest, reshuffled every pass, at most `max_passes`):
+        act epsilon-greedily with the current RVE (epsilon annealed by episode from 0.10 to 0.02)
+        for each of its transitions: one TD+CQL update on a batch half logged replay, half new replay
+        every `validate_every` trajectories: validate greedily on the validation manifest; keep the best
+        after `early_stop_after` trajectories: stop once validation has not improved `patience` times in a row
+    result: the best validation checkpoint (stage "online"), and a learning curve on the test manifest
+
+The new replay lives on device in fixed-capacity arrays (embedding vectors, not text indices), so adding a
+transition never changes a shape and nothing recompiles. Progress (state, new replay, counters) is checkpointed
+at every validation under stage "online_progress", so a killed run resumes where it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from rivet_jax import checkpointing, evaluation
+from rivet_jax.data.replay import discounted_returns, turn_rewards
+from rivet_jax.data.serialize import episode_state_texts
+from rivet_jax.envs.base import RouterPolicy, run_episode
+from rivet_jax.networks import make_network
+from rivet_jax.router import Router
+from rivet_jax.train import (PreparedData, TrainData, TrainState, apply_gradients, batch_loss, checkpoint_meta,
+                             from_saveable, gather_batch, init_train_state, make_optimizer, prepare_data, saveable,
+                             stored_c_ref, template_state)
+
+STAGE, PROGRESS = "online", "online_progress"
+
+
+# ------------------------------------------------------------------------------------------------ new replay
+
+
+def empty_replay(capacity: int, dim: int, num_models: int) -> dict:
+    """Fixed-capacity new replay, on device: vectors instead of text indices."""
+    return {"h_t": jnp.zeros((capacity, dim)), "h_tp1": jnp.zeros((capacity, dim)), "e_o": jnp.zeros((capacity, dim)),
+            "action": jnp.zeros(capacity, jnp.int32), "reward": jnp.zeros(capacity), "done": jnp.zeros(capacity),
+            "mc_return": jnp.zeros(capacity), "available": jnp.ones((capacity, num_models), bool),
+            "next_available": jnp.ones((capacity, num_models), bool)}
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_rows(replay: dict, rows: dict, start: jax.Array) -> dict:
+    return jax.tree.map(lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0), replay, rows)
+
+
+def episode_rows(episode, router: Router, lam: float, gamma: float, c_ref: float) -> dict:
+    """One episode as replay rows (T transitions), embedded with the router's frozen encoder."""
+    texts = episode_state_texts(episode.task.prompt, episode.turns, router.encoder.count_tokens,
+                                router.config.max_state_tokens)
+    states = router.encoder.encode(texts)                                       # (T + 1, D)
+    responses = router.encoder.encode([t.response for t in episode.turns])      # (T, D)
+    rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, c_ref)
+    num_turns, num_models = len(episode.turns), len(router.pool)
+    masks = np.stack([router.available_mask(t.available) for t in episode.turns] + [np.ones(num_models, bool)])
+    return {"h_t": states[:-1], "h_tp1": states[1:], "e_o": responses,
+            "action": np.array([router.pool.index(t.model) for t in episode.turns], np.int32),
+            "reward": rewards.astype(np.float32), "done": (np.arange(num_turns) == num_turns - 1).astype(np.float32),
+            "mc_return": discounted_returns(rewards, gamma).astype(np.float32),
+            "available": masks[:-1], "next_available": masks[1:]}
+
+
+# ---------------------------------------------------------------------------------------------------- update
+
+
+def make_online_update(net, tx, config) -> Callable:
+    """jit'ed (state, logged, new, num_new) -> (state, metrics): one TD+CQL step on a half-logged, half-new batch."""
+    half = config.optim.batch_size // 2
+    loss_fn = functools.partial(batch_loss, net=net, config=config, stage="td")
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def update(state: TrainState, logged: TrainData, new: dict, num_new: jax.Array):
+        key = jax.random.fold_in(state.key, state.step)
+        key_logged, key_new = jax.random.split(key)
+        logged_idx = jax.random.randint(key_logged, (config.optim.batch_size - half,), 0, logged.num_transitions)
+        new_idx = jax.random.randint(key_new, (half,), 0, num_new)
+        logged_batch = gather_batch(logged, logged_idx)
+        batch = {k: jnp.concatenate([v, new[k][new_idx]]) for k, v in logged_batch.items()}
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
+                                                                        logged.cards())
+        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
+
+    return update
+
+
+# ------------------------------------------------------------------------------------------------- schedule
+
+
+def epsilon(episode: int, config) -> float:
+    """Episode-indexed linear anneal from epsilon_start to epsilon_end over epsilon_episodes, then constant."""
+    frac = min(episode / max(config.online.epsilon_episodes, 1), 1.0)
+    return config.online.epsilon_start + frac * (config.online.epsilon_end - config.online.epsilon_start)
+
+
+class EpsilonGreedy:
+    """The current router, or with probability epsilon a uniformly random available model."""
+
+    def __init__(self, router: Router, eps: float):
+        self.greedy, self.eps, self.name = RouterPolicy(router), eps, "rivet-online"
+
+    def act(self, task, history, available, rng):
+        if rng.random() < self.eps:
+            return available[int(rng.integers(len(available)))], None
+        return self.greedy.act(task, history, available, rng)
+
+
+def task_order(env, config) -> list[str]:
+    """Training tasks for every pass, each pass in its own seeded shuffle."""
+    ids = [t.id for t in env.tasks(config.online.split)]
+    order = []
+    for p in range(config.online.max_passes):
+        order += [ids[i] for i in np.random.default_rng([config.seed, 7_919, p]).permutation(len(ids))]
+    return order
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+
+
+@dataclasses.dataclass
+class Progress:
+    trajectories: int = 0
+    best_score: float = -np.inf
+    best_at: int = 0
+    since_best: int = 0
+    validations: list = dataclasses.field(default_factory=list)
+    curve: list = dataclasses.field(default_factory=list)
+    finished: bool = False
+
+
+def _router(params, prepared: PreparedData, config) -> Router:
+    cards = np.asarray(prepared.data.embeddings[prepared.data.card_text])
+    return Router(params, prepared.pool, prepared.encoder, config, cards, c_ref=prepared.c_ref)
+
+
+def _score(env, router: Router, split: str, config, seed: int) -> dict:
+    episodes = evaluation.rollout(env, RouterPolicy(router), split, config.online.eval_rollouts, seed)
+    return evaluation.episode_metrics(episodes, config.reward.lam, config.reward.gamma, router.c_ref,
+                                      config.online.eval_rollouts)
+
+
+def run_online(config, workdir: str | Path, env, prepared: PreparedData | None = None,
+               on_validation: Callable[[dict], None] | None = None) -> TrainState:
+    """Runs (or resumes) online adaptation from the finished TD stage of `workdir`; returns the best state."""
+    workdir = Path(workdir)
+    prepared = prepared or prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
+    dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
+    template = template_state(config, net, tx, dim, prepared.pool, "td")
+    capacity = config.online.max_passes * len(env.tasks(config.online.split)) * env.max_turns
+    progress_ckpt = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
+    best_ckpt = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
+    meta = checkpoint_meta(config, prepared, STAGE)
+    if progress_ckpt.latest_epoch() is not None:
+        like = {"state": saveable(template), "replay": empty_replay(capacity, dim, num_models),
+                "num_new": jnp.zeros((), jnp.int32)}
+        restored, saved_meta = progress_ckpt.restore(like)
+        checkpointing.check_compatible(saved_meta, prepared.pool, prepared.encoder.fingerprint,
+                                       config.model.to_dict(), source=str(progress_ckpt.directory))
+        state = from_saveable(restored["state"])
+        replay = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored["replay"])
+        num_new = int(restored["num_new"])
+        progress = Progress(**saved_meta["progress"])
+        logging.info("Resuming online adaptation after %d trajectories", progress.trajectories)
+    else:
+        td = checkpointing.StageCheckpoints(workdir, "td")
+        if td.latest_epoch() is None or td.latest_epoch() < config.td_epochs:
+            raise FileNotFoundError(f"online adaptation starts from a finished 'td' stage; {td.directory} has "
+                                    f"{td.latest_epoch() or 0}/{config.td_epochs} epochs: run --config.stage=td first")
+        td_state, _ = td.restore(saveable(template))
+        state = init_train_state(net, tx, from_saveable(td_state).params, jax.random.fold_in(template.key, 2))
+        replay, num_new, progress = empty_replay(capacity, dim, num_models), 0, Progress()
+    if progress.finished:
+        best, _ = best_ckpt.restore(saveable(template))
+        return from_saveable(best)
+
+    update = make_online_update(net, tx, config)
+    order = task_order(env, config)
+    lam, gamma = config.reward.lam, config.reward.gamma
+
+    def checkpoint_progress():
+        progress_ckpt.save(progress.trajectories, {"state": saveable(state), "replay": replay,
+                                                  "num_new": jnp.asarray(num_new, jnp.int32)},
+                           {**meta, "progress": dataclasses.asdict(progress)})
+
+    def validate():
+        router = _router(state.params, prepared, config)
+        val = _score(env, router, config.online.validation_split, config, config.online.eval_seed)
+        record = {"trajectories": progress.trajectories, **{f"val_{k}": v for k, v in val.items()}}
+        if progress.trajectories in config.online.curve_points:
+            test = _score(env, router, config.online.test_split, config, config.online.eval_seed)
+            progress.curve.append({"trajectories": progress.trajectories, **test})
+            record.update({f"test_{k}": v for k, v in test.items()})
+        improved = val["return"] > progress.best_score
+        if improved:
+            progress.best_score, progress.best_at, progress.since_best = val["return"], progress.trajectories, 0
+            best_ckpt.save(progress.trajectories, saveable(state), meta)
+        else:
+            progress.since_best += 1
+        progress.validations.append(record)
+        logging.info("online: %d trajectories, %d updates, validation J %.4f acc %.3f cost %.4f%s",
+                     progress.trajectories, int(state.step), val["return"], val["accuracy"], val["cost"],
+                     " (best)" if improved else f" (no improvement {progress.since_best}x)")
+        if on_validation is not None:
+            on_validation(record)
+
+    if not progress.validations:
+        validate()  # the offline router is the first candidate for "best"
+    started = time.perf_counter()
+    while progress.trajectories < len(order):
+        router = _router(state.params, prepared, config)
+        policy = EpsilonGreedy(router, epsilon(progress.trajectories, config))
+        rng = np.random.default_rng([config.seed, 104_729, progress.trajectories])
+        episode = run_episode(env, order[progress.trajectories], policy, rng, f"online/{progress.trajectories}")
+        rows = episode_rows(episode, router, lam, gamma, prepared.c_ref)
+        replay = _write_rows(replay, rows, jnp.asarray(num_new, jnp.int32))
+        for _ in range(len(episode.turns)):  # one gradient update per new transition
+            num_new += 1
+            state, metrics = update(state, prepared.data, replay, jnp.asarray(num_new, jnp.int32))
+        progress.trajectories += 1
+        if not np.isfinite(float(metrics["loss"])):
+            raise FloatingPointError(f"online adaptation: non-finite loss after trajectory {progress.trajectories}")
+        if progress.trajectories % config.online.validate_every == 0:
+            validate()
+            stop = (progress.trajectories >= config.online.early_stop_after
+                    and progress.since_best >= config.online.patience)
+            progress.finished = stop or progress.trajectories >= len(order)
+            checkpoint_progress()
+            if stop:
+                logging.info("online: early stop after %d trajectories (best at %d)", progress.trajectories,
+                             progress.best_at)
+                break
+    progress.finished = True
+    if progress_ckpt.latest_epoch() != progress.trajectories:
+        checkpoint_progress()
+    logging.info("online adaptation: %d trajectories in %.1fs; best validation J %.4f at %d trajectories",
+                 progress.trajectories, time.perf_counter() - started, progress.best_score, progress.best_at)
+    (workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(progress), indent=2) + "\n",
+                                               encoding="utf-8")
+    best, _ = best_ckpt.restore(saveable(template))
+    progress_ckpt.close()
+    best_ckpt.close()
+    return from_saveable(best)
+
+
+def read_progress(workdir: str | Path) -> dict[str, Any]:
+    """The online run's validations and learning curve, as written at its end."""
+    return json.loads((Path(workdir) / "online_curve.json").read_text(encoding="utf-8"))
