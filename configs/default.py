@@ -26,6 +26,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.episodes = ""       # trajectory JSONL; empty = write the demo corpus into the workdir
     config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
     config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
+    config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
     config.data.demo_episodes = 1500  # size of the demo corpus when `episodes` is empty
     config.data.demo_seed = 0
 

@@ -126,7 +126,27 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.evaluate.rollouts_per_task = 4  # Monte Carlo rollouts of a learned router per test task
     config.evaluate.seed = 1
 
+    # launch.reproduce: the paper's experiments (rivet_jax/experiments.py).
+    config.reproduce = ml_collections.ConfigDict()
+    config.reproduce.seeds = (42, 43, 44)          # every RIVET number is a mean over these
+    config.reproduce.lambdas = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5)  # Figure 3
+    config.reproduce.sweep_stage = "all"           # stages trained at each swept lambda ('offline' is faster)
+    config.reproduce.ood_splits = ("ood:musique", "ood:drop", "ood:mmlu_pro")
+    config.reproduce.frontier_lambdas = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+    config.baselines = ml_collections.ConfigDict()
+    config.baselines.mtrouter_epochs = 20
+    config.baselines.knn_k = 10
+    config.baselines.clusters = 8
+
     if arg == "tiny":
+        config.reproduce.seeds = (0, 1)
+        config.reproduce.lambdas = (0.0, 0.05, 0.5)
+        config.reproduce.sweep_stage = "offline"
+        config.reproduce.frontier_lambdas = (0.0, 0.05, 0.5)
+        config.baselines.mtrouter_epochs = 2
+        config.baselines.clusters = 3
+        config.baselines.knn_k = 3
         for family in sim.families.values():
             for split in ("train", "validation", "test"):
                 if split in family:

@@ -110,9 +110,10 @@ class EpsilonGreedy:
         self.greedy, self.eps, self.name = RouterPolicy(router), eps, "rivet-online"
 
     def act(self, task, history, available, rng):
-        if rng.random() < self.eps:
-            return available[int(rng.integers(len(available)))], None
-        return self.greedy.act(task, history, available, rng)
+        greedy, _ = self.greedy.act(task, history, available, rng)
+        model = available[int(rng.integers(len(available)))] if rng.random() < self.eps else greedy
+        # The logged propensity: explored uniformly with probability eps, greedy otherwise.
+        return model, self.eps / len(available) + (1.0 - self.eps) * (model == greedy)
 
 
 def task_order(env, config) -> list[str]:

@@ -235,7 +235,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                           max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
                           c_ref=c_ref)
     started = time.perf_counter()
-    store = EmbeddingStore(encoder, workdir / "embeddings")
+    store = EmbeddingStore(encoder, Path(config.data.embedding_cache or workdir / "embeddings"))
     embeddings = store.embed(replay.texts)
     logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
                  len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),

@@ -143,7 +143,7 @@ def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: flo
         nxt, nxt_z = cur, cur_z
     first = nxt[0, 0, c0]
     # At the first turn there is no previous model: the episode never switches if, having called m, it keeps m.
-    switch = 1.0 - float(nxt_z[0, 0, :, c0].sum())
+    switch = max(0.0, 1.0 - float(nxt_z[0, 0, :, c0].sum()))  # clipped: rounding can leave -1e-16
     stats = PolicyStats(value=float(first[0]), success=float(first[1]), cost=float(first[2]), turns=float(first[3]),
                         switch=switch)
     return Solution(stats=stats, values=values, second_moment=moments, branches=br, block=sim.block)

@@ -1,0 +1,49 @@
+"""Evaluation helpers and the trivial baselines (fixed model, random router), with hand-checked numbers."""
+
+import numpy as np
+import pytest
+
+from configs import routesim as routesim_config
+from rivet_jax import evaluation
+from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy
+from rivet_jax.envs.routesim import make_routesim
+
+
+@pytest.fixture(scope="module")
+def sim():
+    return make_routesim(routesim_config.get_config("tiny").sim)
+
+
+def test_discounted_return_by_hand():
+    episode = Episode("e", Task("t", "p"), (Turn("a", "r", "f", 1, 1, 0.2), Turn("b", "r", "", 1, 1, 0.4)), 1)
+    # r = [-0.5 * 0.2 / 0.1, -0.5 * 0.4 / 0.1 + 1] = [-1, -1]; J = -1 + 0.9 * -1
+    assert evaluation.discounted_return(episode, lam=0.5, gamma=0.9, c_ref=0.1) == pytest.approx(-1.9)
+
+
+def test_metrics_by_hand():
+    a = Episode("a", Task("t", "p"), (Turn("x", "r", "f", 1, 1, 1.0), Turn("y", "r", "", 1, 1, 2.0)), 1)
+    b = Episode("b", Task("t", "p"), (Turn("x", "r", "", 1, 1, 3.0),), 0)
+    m = evaluation.episode_metrics([a, b], lam=0.0, gamma=1.0, c_ref=1.0, rollouts=2)
+    assert m == {"accuracy": 0.5, "cost": 3.0, "return": 0.5, "turns": 1.5, "switch_rate": 0.5}
+
+
+def test_fixed_and_random_policies(sim):
+    names = sim.pool.names
+    rng = np.random.default_rng(0)
+    fixed = FixedModelPolicy(names[2])
+    assert {fixed.act(None, (), names, rng) for _ in range(20)} == {(names[2], 1.0)}
+    with pytest.raises(ValueError, match="not available"):
+        fixed.act(None, (), names[:2], rng)
+    picks = [RandomPolicy().act(None, (), names[:3], rng) for _ in range(3000)]
+    counts = np.array([sum(p[0] == n for p in picks) for n in names[:3]])
+    assert abs(counts / 3000 - 1 / 3).max() < 0.04 and {p[1] for p in picks} == {1 / 3}
+
+
+def test_rollouts_are_deterministic_given_the_seed(sim):
+    first = evaluation.rollout(sim, RandomPolicy(), "test", rollouts=2, seed=5)
+    again = evaluation.rollout(sim, RandomPolicy(), "test", rollouts=2, seed=5)
+    other = evaluation.rollout(sim, RandomPolicy(), "test", rollouts=2, seed=6)
+    assert [e.to_json() for e in first] == [e.to_json() for e in again]
+    assert [e.to_json() for e in first] != [e.to_json() for e in other]
+    assert len(first) == 2 * len(sim.tasks("test"))
