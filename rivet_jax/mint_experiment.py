@@ -1,0 +1,305 @@
+"""RIVET on the real MINT logs, offline, evaluated exactly (`python -m launch.mint`).
+
+Every one of the six models ran every task, so for a test task the outcome and cost of committing to any model are
+logged facts. Three experiments:
+
+  committed_routing   each router picks a model from the first state (the task alone); that model's logged episode
+                      gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
+                      cheapest model that succeeded; if none did, the cheapest model), kNN, the MTRouter-style
+                      estimator, RIVET and its ablations; cost relative to the reference model (gpt-4-0613).
+  value_prediction    held-out (test tasks) squared error of Q_route(s_t, m_t) against the realised return G_t over
+                      every logged turn, for each beta and the zero-response ablation, mean and 95% interval over
+                      seeds: Theorem 4.2 on real data, reported whichever way it comes out.
+  lambda_sweep        committed routing of RIVET trained at each lambda, against the fixed models and the oracle.
+
+Layout: <workdir>/corpus/ (converted logs, train split), <workdir>/runs/<variant>/seed_<s>/ (MC + TD), report.md,
+results.json, results/.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import ml_collections
+import numpy as np
+from absl import logging
+from matplotlib.figure import Figure
+
+from rivet_jax import train
+from rivet_jax.baselines.mtrouter import MTRouter
+from rivet_jax.baselines.single_turn import KNNRouter
+from rivet_jax.data.mint import convert_mint, load_manifest
+from rivet_jax.data.replay import discounted_returns, reference_cost, turn_rewards
+from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
+from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.experiments import write_outputs
+from rivet_jax.router import Router
+
+# Variants trained for every seed: name -> config overrides.
+RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
+# t quantiles (0.975) for 95% intervals over few seeds.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def _variants(betas: Sequence[float]) -> dict[str, dict]:
+    variants = {f"beta={b:g}": {"loss.beta": float(b)} for b in betas}
+    variants["zero response (beta=1)"] = {"loss.beta": 1.0, "loss.zero_response": True}
+    return variants
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+
+class MintData:
+    """The converted logs split by the shipped manifest, and the logged (task, model) outcome/cost table."""
+
+    def __init__(self, config, workdir: Path):
+        mint_dir = Path(config.mint_dir)
+        if not mint_dir.is_dir():
+            raise FileNotFoundError(f"MINT data not found at {mint_dir}: pass --config.mint_dir=<your copy of MINT's "
+                                    f"data folder>")
+        self.pool = read_model_cards(config.cards or mint_dir / "model_cards.json")
+        corpus = convert_mint(mint_dir, self.pool)
+        manifest = load_manifest()
+        limit = config.experiment.get("max_tasks_per_subset")
+        self.split = {name: _first_per_subset(manifest[name], limit) if limit else list(manifest[name])
+                      for name in ("train", "validation", "test")}
+        by_split = {name: set(ids) for name, ids in self.split.items()}
+        self.episodes = {name: [e for e in corpus.episodes if e.task.id in ids] for name, ids in by_split.items()}
+        self.tasks = {e.task.id: e.task for e in corpus.episodes}
+        self.table = {(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
+                      for e in corpus.episodes}
+        self.notes = corpus.notes
+        directory = workdir / "corpus"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.train_path, self.cards_path = directory / "train_episodes.jsonl", directory / "model_cards.json"
+        write_episodes(self.train_path, self.episodes["train"])
+        write_model_cards(self.cards_path, self.pool)
+        self.c_ref = reference_cost(self.episodes["train"])
+
+
+def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
+    """The first `count` task ids of each subset (the tiny variant), in manifest order."""
+    seen: dict[str, int] = {}
+    kept = []
+    for task_id in task_ids:
+        subset = task_id.split("/")[0]
+        if seen.get(subset, 0) < count:
+            seen[subset] = seen.get(subset, 0) + 1
+            kept.append(task_id)
+    return kept
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+def _run_config(config, data: MintData, workdir: Path, seed: int, overrides: dict) -> ml_collections.ConfigDict:
+    run = ml_collections.ConfigDict(config.to_dict())
+    run.data.episodes, run.data.cards = str(data.train_path), str(data.cards_path)
+    run.data.embedding_cache = str(workdir / "embeddings")
+    run.seed, run.stage = seed, "offline"
+    for dotted, value in overrides.items():
+        *path, leaf = dotted.split(".")
+        node = run
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return run
+
+
+def _train(config, data: MintData, workdir: Path, group: str, seed: int, overrides: dict,
+           log: Callable[[str], None]) -> Router:
+    run_dir = workdir / "runs" / group.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "") / \
+        f"seed_{seed}"
+    started = time.perf_counter()
+    train.train(_run_config(config, data, workdir, seed, overrides), run_dir)
+    log(f"trained {group} seed {seed} in {time.perf_counter() - started:.1f}s")
+    return Router.from_checkpoint(run_dir)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def committed(data: MintData, choose: Callable[[str], str], reference: float) -> dict:
+    """Accuracy and total cost on the test tasks when `choose(task_id)` commits to a model."""
+    picks = [data.table[(t, choose(t))] for t in data.split["test"]]
+    cost = float(sum(c for _, c in picks))
+    return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference}
+
+
+def _expected(data: MintData, reference: float) -> dict:
+    names = data.pool.names
+    acc = np.mean([[data.table[(t, m)][0] for m in names] for t in data.split["test"]])
+    cost = sum(np.mean([data.table[(t, m)][1] for m in names]) for t in data.split["test"])
+    return {"accuracy": float(acc), "cost_usd": float(cost), "cost_rel": float(cost / reference)}
+
+
+def oracle_choice(data: MintData, task_id: str) -> str:
+    """The cheapest model that succeeded on the task; if none did, the cheapest model."""
+    costs = {m: data.table[(task_id, m)] for m in data.pool.names}
+    solved = [m for m, (y, _) in costs.items() if y == 1] or list(costs)
+    return min(solved, key=lambda m: costs[m][1])
+
+
+def _router_choice(router: Router, data: MintData) -> Callable[[str], str]:
+    cache: dict[str, str] = {}
+
+    def choose(task_id: str) -> str:
+        if task_id not in cache:
+            cache[task_id] = router.route(data.tasks[task_id].prompt, []).model
+        return cache[task_id]
+
+    return choose
+
+
+def value_error(router: Router, episodes: Sequence[Episode], gamma: float) -> float:
+    """Mean squared error of Q_route(s_t, m_t) against the realised return G_t over every turn of `episodes`."""
+    states, actions, returns = [], [], []
+    lam = router.config.reward.lam
+    for episode in episodes:
+        rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, router.c_ref)
+        returns.extend(discounted_returns(rewards, gamma))
+        for t, turn in enumerate(episode.turns):
+            states.append((episode.task.prompt, episode.turns[:t]))
+            actions.append(router.pool.index(turn.model))
+    q = router.scores(states)                                              # (N, M)
+    predicted = q[np.arange(len(actions)), actions]
+    return float(np.mean((predicted - np.asarray(returns)) ** 2))
+
+
+def _interval(values: Sequence[float]) -> dict:
+    values = np.asarray(values, np.float64)
+    n = len(values)
+    half = _T975.get(n - 1, 1.96) * values.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+    return {"mse": float(values.mean()), "ci95_low": float(values.mean() - half),
+            "ci95_high": float(values.mean() + half), "seeds": n, "per_seed": [float(v) for v in values]}
+
+
+# -------------------------------------------------------------------------------------------------- report
+
+
+def _plot_sweep(rows: list[dict], path: Path) -> None:
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    rivet = sorted((r for r in rows if r["router"] == RIVET), key=lambda r: r["cost_usd"])
+    ax.plot([r["cost_usd"] for r in rivet], [r["accuracy"] for r in rivet], "o-", label="RIVET (lambda sweep)")
+    for r in rivet:
+        ax.annotate(f"{r['lambda']:g}", (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, -9),
+                    textcoords="offset points")
+    for r in rows:
+        if r["router"] != RIVET:
+            ax.scatter(r["cost_usd"], r["accuracy"], marker="s" if r["router"] == "oracle" else "x")
+            ax.annotate(r["router"], (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("total test cost ($, log scale)")
+    ax.set_ylabel("test accuracy (committed routing)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+TABLES = {
+    "committed_routing": ("Committed routing on the MINT test tasks (cost relative to the reference model)",
+                          [("router", "router", -1), ("encoder", "encoder", -1), ("accuracy", "accuracy", 3),
+                           ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
+    "value_prediction": ("Value-prediction error on held-out tasks: MSE of Q_route(s_t, m_t) vs G_t (95% interval "
+                         "over seeds)",
+                         [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
+                          ("ci95_low", "95% low", 4), ("ci95_high", "95% high", 4), ("seeds", "seeds", -1)]),
+    "lambda_sweep": ("Committed routing across lambda (RIVET) with the fixed models and the oracle",
+                     [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
+                      ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    workdir = Path(workdir)
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        logging.info("%s (%.0fs elapsed)", message, time.perf_counter() - started)
+
+    log("[1/4] convert the MINT logs and split them by the manifest")
+    data = MintData(config, workdir)
+    log(f"  {sum(len(v) for v in data.episodes.values())} episodes; train {len(data.split['train'])}, validation "
+        f"{len(data.split['validation'])}, test {len(data.split['test'])} tasks; c_ref {data.c_ref:.6f}")
+    exp = config.experiment
+    ref_model = exp.reference_model if exp.reference_model in data.pool else data.pool.names[0]
+    reference = committed(data, lambda t: ref_model, 1.0)["cost_usd"]
+
+    log("[2/4] train RIVET variants (MC + TD) for every seed")
+    variants = _variants(exp.betas)
+    routers = {name: [_train(config, data, workdir, name, s, overrides, log) for s in exp.seeds]
+               for name, overrides in variants.items()}
+    encoder_name = config.encoder.name
+    hashing_routers = []
+    if config.compare_hashing:
+        hashing = {"encoder.name": "hashing", "encoder.dim": 1024}
+        hashing_routers = [_train(config, data, workdir, "hashing beta=1", s, {**hashing, "loss.beta": 1.0}, log)
+                           for s in exp.seeds]
+
+    log("[3/4] fit the baselines and evaluate")
+    train_eps = data.episodes["train"]
+    store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
+    knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
+    mtrouter = MTRouter.fit(train_eps, data.pool, store, lam=config.reward.lam, max_tokens=config.max_state_tokens,
+                            epochs=exp.mtrouter_epochs, seed=config.seed)
+    committed_rows = [{"router": f"fixed:{m}", "encoder": "", **committed(data, lambda t, m=m: m, reference)}
+                      for m in data.pool.names]
+    committed_rows.append({"router": "random (expected)", "encoder": "", **_expected(data, reference)})
+    committed_rows.append({"router": "oracle (per task)", "encoder": "",
+                           **committed(data, lambda t: oracle_choice(data, t), reference)})
+    committed_rows.append({"router": "Weighted kNN", "encoder": encoder_name,
+                           **committed(data, lambda t: knn.choose(data.tasks[t], data.pool.names), reference)})
+    committed_rows.append({"router": "MTRouter-style", "encoder": encoder_name, **committed(
+        data, lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0], reference)})
+    named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
+    if hashing_routers:
+        named["RIVET (hashing)"] = hashing_routers
+    for name, seeds in named.items():
+        per_seed = [committed(data, _router_choice(r, data), reference) for r in seeds]
+        committed_rows.append({"router": name, "encoder": "hashing" if "hashing" in name else encoder_name,
+                               **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]},
+                               "accuracy_sd": float(np.std([p["accuracy"] for p in per_seed])),
+                               "seeds": len(per_seed)})
+    test_eps = data.episodes["test"]
+    value_rows = [{"variant": name, "encoder": encoder_name,
+                   **_interval([value_error(r, test_eps, config.reward.gamma) for r in seeds])}
+                  for name, seeds in routers.items()]
+    if hashing_routers:
+        value_rows.append({"variant": "beta=1", "encoder": "hashing",
+                           **_interval([value_error(r, test_eps, config.reward.gamma) for r in hashing_routers])})
+
+    log("[4/4] lambda sweep of committed routing")
+    sweep_rows = []
+    for lam in exp.lambdas:
+        if float(lam) == float(config.reward.lam):
+            seeds = routers["beta=1"][:len(exp.sweep_seeds)]
+        else:
+            seeds = [_train(config, data, workdir, f"lambda={lam:g}", s, {"reward.lam": float(lam)}, log)
+                     for s in exp.sweep_seeds]
+        per_seed = [committed(data, _router_choice(r, data), reference) for r in seeds]
+        sweep_rows.append({"router": RIVET, "lambda": float(lam),
+                           **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
+    sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
+
+    experiments = {"committed_routing": committed_rows, "value_prediction": value_rows, "lambda_sweep": sweep_rows}
+    meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
+            "seeds": list(exp.seeds), "notes": data.notes,
+            "summary": (f"MINT logs (six models, {len(data.tasks)} tasks), manifest split train "
+                        f"{len(data.split['train'])} / validation {len(data.split['validation'])} / test "
+                        f"{len(data.split['test'])}; encoder {encoder_name} (max state tokens "
+                        f"{config.max_state_tokens}); lambda {config.reward.lam}; c_ref {data.c_ref:.6f}. RIVET rows: "
+                        f"mean over seeds {list(exp.seeds)}. Offline only: committed routing is exact on these "
+                        f"logs because every model ran every task.")}
+    write_outputs(workdir, experiments, meta, "RIVET on the MINT logs", tables=TABLES,
+                  plots={"lambda_sweep": _plot_sweep})
+    log(f"report written to {workdir / 'report.md'}")
+    return {"experiments": experiments, "meta": meta}
+

