@@ -7,11 +7,10 @@ Writes <workdir>/report.md, results.json and results/.
 
 from pathlib import Path
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.common import run_reporting_user_errors
+from launch.common import enable_compilation_cache, run_reporting_user_errors
 from rivet_jax import mint_experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/mint.py", "MINT config file.")
@@ -21,8 +20,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    jax.config.update("jax_compilation_cache_dir", str(Path(_WORKDIR.value) / "xla_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    enable_compilation_cache(_WORKDIR.value)
     run_reporting_user_errors(lambda: mint_experiment.run_mint(_CONFIG.value, _WORKDIR.value))
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 

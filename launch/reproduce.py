@@ -8,11 +8,10 @@ Every phase resumes from what the workdir already holds. `configs/routesim.py:ti
 
 from pathlib import Path
 
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.common import run_reporting_user_errors
+from launch.common import enable_compilation_cache, run_reporting_user_errors
 from rivet_jax import experiments
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
@@ -22,9 +21,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    # Dozens of runs share a handful of programs: compile each once, on disk, for this and later runs.
-    jax.config.update("jax_compilation_cache_dir", str(Path(_WORKDIR.value) / "xla_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    enable_compilation_cache(_WORKDIR.value)
     run_reporting_user_errors(lambda: experiments.reproduce(_CONFIG.value, _WORKDIR.value))
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 

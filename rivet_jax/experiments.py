@@ -56,16 +56,8 @@ def _slug(name: str) -> str:
 def run_config(config: ml_collections.ConfigDict, corpus: Path, workdir: Path, seed: int,
                overrides: dict[str, Any], stage: str) -> ml_collections.ConfigDict:
     """The training config of one run: the corpus, a shared embedding cache, the seed and the overrides."""
-    run = pipelines.training_config(config, corpus)
-    run.data.embedding_cache = str(workdir / "embeddings")
-    run.seed, run.stage = seed, stage
-    for dotted, value in overrides.items():
-        *path, leaf = dotted.split(".")
-        node = run
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return run
+    return pipelines.with_overrides(pipelines.training_config(config, corpus), {
+        "data.embedding_cache": str(workdir / "embeddings"), "seed": seed, "stage": stage, **overrides})
 
 
 def train_runs(config, corpus: Path, workdir: Path, group: str, overrides: dict, stage: str,

@@ -35,6 +35,7 @@ from rivet_jax.data.replay import discounted_returns, reference_cost, turn_rewar
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments import write_outputs
+from rivet_jax.pipelines import with_overrides
 from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
@@ -96,17 +97,9 @@ def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
 
 
 def _run_config(config, data: MintData, workdir: Path, seed: int, overrides: dict) -> ml_collections.ConfigDict:
-    run = ml_collections.ConfigDict(config.to_dict())
-    run.data.episodes, run.data.cards = str(data.train_path), str(data.cards_path)
-    run.data.embedding_cache = str(workdir / "embeddings")
-    run.seed, run.stage = seed, "offline"
-    for dotted, value in overrides.items():
-        *path, leaf = dotted.split(".")
-        node = run
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return run
+    return with_overrides(config, {"data.episodes": str(data.train_path), "data.cards": str(data.cards_path),
+                                   "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
+                                   "stage": "offline", **overrides})
 
 
 def _train(config, data: MintData, workdir: Path, group: str, seed: int, overrides: dict,

@@ -51,6 +51,18 @@ def collect(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
     return corpus
 
 
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted keys set: {"loss.beta": 0.0, "reward.lam": 0.1}."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    for dotted, value in overrides.items():
+        *path, leaf = dotted.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
 def training_config(config: ml_collections.ConfigDict, corpus: Path) -> ml_collections.ConfigDict:
     """`config` with its data pointed at the collected corpus."""
     config = ml_collections.ConfigDict(config.to_dict())

@@ -16,20 +16,14 @@ from rivet_jax.data import demo
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.pipelines import with_overrides
 from rivet_jax.router import Router
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(**overrides):
-    config = default.get_config("tiny")
-    for key, value in overrides.items():
-        target = config
-        *path, leaf = key.split(".")
-        for part in path:
-            target = target[part]
-        target[leaf] = value
-    return config
+    return with_overrides(default.get_config("tiny"), overrides)
 
 
 def flat_params(state) -> dict:
