@@ -136,28 +136,31 @@ def oracle_choice(data: MintData, task_id: str) -> str:
     return min(solved, key=lambda m: costs[m][1])
 
 
-def _router_choice(router: Router, data: MintData) -> Callable[[str], str]:
-    cache: dict[str, str] = {}
-
-    def choose(task_id: str) -> str:
-        if task_id not in cache:
-            cache[task_id] = router.route(data.tasks[task_id].prompt, []).model
-        return cache[task_id]
-
-    return choose
+def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Callable[[str], str]:
+    """The router's first-state choice for every test task, scored in one batch from cached embeddings."""
+    task_ids = data.split["test"]
+    h = store.embed([router.state_text(data.tasks[t].prompt, []) for t in task_ids])   # (T, D)
+    best = np.argmax(router.scores_from_embeddings(h), axis=1)
+    choices = {t: router.pool.names[int(b)] for t, b in zip(task_ids, best)}
+    return choices.__getitem__
 
 
-def value_error(router: Router, episodes: Sequence[Episode], gamma: float) -> float:
-    """Mean squared error of Q_route(s_t, m_t) against the realised return G_t over every turn of `episodes`."""
-    states, actions, returns = [], [], []
+def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store: EmbeddingStore | None = None
+                ) -> float:
+    """Mean squared error of Q_route(s_t, m_t) against the realised return G_t over every turn of `episodes`.
+
+    `store` (for the router's encoder) embeds each distinct state once across every router evaluated.
+    """
+    texts, actions, returns = [], [], []
     lam = router.config.reward.lam
     for episode in episodes:
         rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, router.c_ref)
         returns.extend(discounted_returns(rewards, gamma))
         for t, turn in enumerate(episode.turns):
-            states.append((episode.task.prompt, episode.turns[:t]))
+            texts.append(router.state_text(episode.task.prompt, episode.turns[:t]))
             actions.append(router.pool.index(turn.model))
-    q = router.scores(states)                                              # (N, M)
+    h = store.embed(texts) if store is not None else router.encoder.encode(texts)    # (N, D)
+    q = router.scores_from_embeddings(h)                                              # (N, M)
     predicted = q[np.arange(len(actions)), actions]
     return float(np.mean((predicted - np.asarray(returns)) ** 2))
 
@@ -255,19 +258,23 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers
+    stores = {encoder_name: store}
+    if hashing_routers:
+        stores["hashing"] = EmbeddingStore(hashing_routers[0].encoder, workdir / "embeddings")
     for name, seeds in named.items():
-        per_seed = [committed(data, _router_choice(r, data), reference) for r in seeds]
-        committed_rows.append({"router": name, "encoder": "hashing" if "hashing" in name else encoder_name,
+        encoder = "hashing" if "hashing" in name else encoder_name
+        per_seed = [committed(data, _router_choice(r, data, stores[encoder]), reference) for r in seeds]
+        committed_rows.append({"router": name, "encoder": encoder,
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]},
                                "accuracy_sd": float(np.std([p["accuracy"] for p in per_seed])),
                                "seeds": len(per_seed)})
     test_eps = data.episodes["test"]
     value_rows = [{"variant": name, "encoder": encoder_name,
-                   **_interval([value_error(r, test_eps, config.reward.gamma) for r in seeds])}
+                   **_interval([value_error(r, test_eps, config.reward.gamma, store) for r in seeds])}
                   for name, seeds in routers.items()]
     if hashing_routers:
-        value_rows.append({"variant": "beta=1", "encoder": "hashing",
-                           **_interval([value_error(r, test_eps, config.reward.gamma) for r in hashing_routers])})
+        value_rows.append({"variant": "beta=1", "encoder": "hashing", **_interval(
+            [value_error(r, test_eps, config.reward.gamma, stores["hashing"]) for r in hashing_routers])})
 
     log("[4/4] lambda sweep of committed routing")
     sweep_rows = []
@@ -277,7 +284,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         else:
             seeds = [_train(config, data, workdir, f"lambda={lam:g}", s, {"reward.lam": float(lam)}, log)
                      for s in exp.sweep_seeds]
-        per_seed = [committed(data, _router_choice(r, data), reference) for r in seeds]
+        per_seed = [committed(data, _router_choice(r, data, store), reference) for r in seeds]
         sweep_rows.append({"router": RIVET, "lambda": float(lam),
                            **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
