@@ -57,6 +57,20 @@ def as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
     return items
 
 
+def availability_mask(pool: ModelPool, available: Sequence[str] | None) -> np.ndarray:
+    """(M,) bool over the pool; None = every model. Unknown names and an empty set are errors."""
+    if available is None:
+        return np.ones(len(pool), bool)
+    unknown = [name for name in available if name not in pool]
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; this router's pool is {list(pool.names)}")
+    if not available:
+        raise ValueError("no available model to route to")
+    mask = np.zeros(len(pool), bool)
+    mask[[pool.index(name) for name in available]] = True
+    return mask
+
+
 class Router:
     """Scores candidate models from pre-call information with a trained RVE."""
 
@@ -102,17 +116,7 @@ class Router:
         return serialize_state(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
 
     def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
-        """(M,) bool; unknown names are an error, an empty set is an error."""
-        if available is None:
-            return np.ones(len(self.pool), bool)
-        unknown = [name for name in available if name not in self.pool]
-        if unknown:
-            raise ValueError(f"unknown models {unknown}; this router's pool is {list(self.pool.names)}")
-        if not available:
-            raise ValueError("no available model to route to")
-        mask = np.zeros(len(self.pool), bool)
-        mask[[self.pool.index(name) for name in available]] = True
-        return mask
+        return availability_mask(self.pool, available)
 
     def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""

@@ -35,7 +35,7 @@ from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.networks import CardProjector, StateAdapter, ValueHead
-from rivet_jax.router import HistoryTurn, as_history
+from rivet_jax.router import HistoryTurn, as_history, availability_mask
 from rivet_jax.train import NonFiniteLossError, epoch_batches, make_optimizer
 
 State = tuple[str, Sequence[HistoryTurn]]  # (task prompt, completed turns)
@@ -226,17 +226,7 @@ class MTRouter:
         return serialize_state(task, as_history(history), self.count_tokens, self.max_tokens)
 
     def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
-        """(M,) bool; unknown names and an empty set are errors."""
-        if available is None:
-            return np.ones(len(self.pool), bool)
-        unknown = [name for name in available if name not in self.pool]
-        if unknown:
-            raise ValueError(f"unknown models {unknown}; this router's pool is {list(self.pool.names)}")
-        if not available:
-            raise ValueError("no available model to route to")
-        mask = np.zeros(len(self.pool), bool)
-        mask[[self.pool.index(name) for name in available]] = True
-        return mask
+        return availability_mask(self.pool, available)
 
     def predict_from_embeddings(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """score_hat (B, M) in [0, 1] and normalised cost_hat (B, M) for state embeddings (B, D)."""

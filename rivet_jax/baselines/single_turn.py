@@ -23,6 +23,8 @@ protocol of `rivet_jax/envs/base.py` and returns (model, 1.0): the routers are d
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 import functools
 from typing import Any, Sequence
@@ -164,7 +166,7 @@ def _task_embeddings(store: EmbeddingStore, prompts: Sequence[str]) -> np.ndarra
 # ------------------------------------------------------------------------------------------------ the policy
 
 
-class SingleTurnRouter:
+class SingleTurnRouter(abc.ABC):
     """What the four routers share: scoring prompts, the per-task cache, and the commit-once `Policy`.
 
     Subclasses set `name` and implement `_scores(h)`: (B, D) L2-normalised task embeddings -> (B, M) scores in pool
@@ -179,8 +181,9 @@ class SingleTurnRouter:
         self.lam, self.c_ref = _check_cost_terms(lam, c_ref)
         self._task_scores: dict[str, np.ndarray] = {}  # task id -> (M,): a task's scores never change
 
+    @abc.abstractmethod
     def _scores(self, h: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """(B, D) L2-normalised task embeddings -> (B, M) scores, higher is better."""
 
     def scores(self, task_prompts: Sequence[str]) -> np.ndarray:
         """(B, M) float64 scores of the pool's models for each prompt."""
