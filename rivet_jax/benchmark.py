@@ -1,4 +1,5 @@
-"""Speed of the training updates at the paper's sizes, and the wall time of a full offline run.
+"""Speed of the training updates at the paper's sizes, the wall time of a full offline run, the TD+CQL update's
+achieved FLOP/s against a large matmul measured in the same run, and the latency of one routing decision.
 
 Encoding is excluded: the replay and the embedding table are random arrays of the right shapes (state dim 1024,
 M = 6 candidates, 7,492 transitions by default), fed to exactly the update and epoch functions training uses.
@@ -98,13 +99,60 @@ def _time_offline_training(config, net, tx, data, pool) -> dict:
     return result
 
 
+def _matmul_flops_per_s(size: int = 2048, repeats: int = 10) -> float:
+    """The machine's practical limit: FLOP/s of a large float32 matmul, measured in this run."""
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x, y: x @ y)
+    _block(matmul(a, a))
+    started = time.perf_counter()
+    for _ in range(repeats):
+        out = matmul(a, a)
+    _block(out)
+    return 2 * size**3 * repeats / (time.perf_counter() - started)
+
+
+def _update_flops(config, net, tx, data, stage: str, pool) -> float:
+    """FLOPs of one update, as counted by XLA's cost analysis of the compiled step."""
+    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
+    step = jax.jit(make_train_step(net, tx, config, stage))
+    idx = jnp.arange(config.optim.batch_size, dtype=jnp.int32)
+    analysis = step.lower(state, data, idx).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return float(analysis.get("flops", float("nan")))
+
+
+def _routing_latency(config, net, tx, data, pool, calls: int = 2000, batch: int = 256) -> dict:
+    """One decision (state embedding given, all candidates scored, argmax): p50/p99 in microseconds; and batched
+    decisions per second."""
+    from rivet_jax.encoders import HashingEncoder  # unused for scoring: embeddings are given
+    from rivet_jax.router import Router
+
+    state = template_state(config, net, tx, data.embeddings.shape[1], pool, "td")
+    router = Router(state.params, pool, HashingEncoder(dim=int(data.embeddings.shape[1])), config,
+                    np.asarray(data.embeddings[data.card_text]))
+    h = np.asarray(data.embeddings[:batch])
+    router.scores_from_embeddings(h[:1]), router.scores_from_embeddings(h)  # compile both shapes
+    times = []
+    for i in range(calls):
+        started = time.perf_counter()
+        int(np.argmax(router.scores_from_embeddings(h[i % batch:i % batch + 1])[0]))
+        times.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    for _ in range(20):
+        np.argmax(router.scores_from_embeddings(h), axis=1)
+    batched = 20 * batch / (time.perf_counter() - started)
+    micros = np.array(times) * 1e6
+    return {"p50_us": float(np.percentile(micros, 50)), "p99_us": float(np.percentile(micros, 99)),
+            "batched_decisions_per_s": batched, "batch": batch}
+
+
 def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPER_TRANSITIONS,
                   num_models: int = 6, single_steps: int = 200) -> dict:
     """Measures everything; returns a JSON-ready dict."""
     pool = synthetic_pool(num_models)
     data = synthetic_data(num_transitions, config.encoder.dim, pool, seed=config.seed)
     net, tx = make_network(config), make_optimizer(config)
-    return {
+    result = {
         "device": str(jax.devices()[0]), "backend": jax.default_backend(), "jax": jax.__version__,
         "sizes": {"transitions": num_transitions, "state_dim": config.encoder.dim, "models": num_models,
                   "card_dim": config.model.card_dim, "hidden": config.model.hidden,
@@ -112,7 +160,14 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
         "single_step": {stage: _time_single_steps(config, net, tx, data, stage, pool, single_steps)
                         for stage in ("mc", "td")},
         "offline_training": _time_offline_training(config, net, tx, data, pool),
+        "matmul_flops_per_s": _matmul_flops_per_s(),
+        "routing": _routing_latency(config, net, tx, data, pool),
     }
+    td_flops = _update_flops(config, net, tx, data, "td", pool)
+    scan_rate = result["offline_training"]["td"]["scan_steps_per_s"] or result["single_step"]["td"]["steps_per_s"]
+    result["td_update"] = {"flops": td_flops, "flops_per_s": td_flops * scan_rate,
+                           "fraction_of_matmul": td_flops * scan_rate / result["matmul_flops_per_s"]}
+    return result
 
 
 def format_table(result: dict) -> str:
@@ -126,7 +181,15 @@ def format_table(result: dict) -> str:
             ("TD+CQL epoch in lax.scan", f"{offline['td']['scan_steps_per_s'] or float('nan'):.0f} steps/s",
              f"first epoch (with compile) {offline['td']['first_epoch_s']:.2f}s"),
             (f"offline training {offline['mc']['epochs']} MC + {offline['td']['epochs']} TD epochs",
-             f"{offline['total_s']:.2f} s", "wall time, compile included, encoding excluded")]
+             f"{offline['total_s']:.2f} s", "wall time, compile included, encoding excluded"),
+            ("TD+CQL update, achieved", f"{result['td_update']['flops_per_s'] / 1e9:.1f} GFLOP/s",
+             f"{result['td_update']['flops'] / 1e6:.0f} MFLOP per update (XLA cost analysis), "
+             f"{100 * result['td_update']['fraction_of_matmul']:.0f}% of a 2048^2 matmul's "
+             f"{result['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s"),
+            ("routing, one decision", f"{result['routing']['p50_us']:.0f} us p50",
+             f"p99 {result['routing']['p99_us']:.0f} us; state embedding given, all candidates scored"),
+            ("routing, batched", f"{result['routing']['batched_decisions_per_s']:.0f} decisions/s",
+             f"batches of {result['routing']['batch']}")]
     sizes = result["sizes"]
     header = (f"RIVET update benchmark on {result['device']} ({result['backend']}, jax {result['jax']}); "
               f"{sizes['transitions']} transitions, D={sizes['state_dim']}, M={sizes['models']}, "
