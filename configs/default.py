@@ -21,6 +21,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.stage = "offline"  # mc | td | online | offline (mc then td) | all (mc, td, online)
     config.seed = 42
+    config.devices = 1  # data-parallel devices for training (0 = every visible device); batch size must divide
 
     config.data = ml_collections.ConfigDict()
     config.data.episodes = ""       # trajectory JSONL; empty = write the demo corpus into the workdir

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from rivet_jax import checkpointing, losses
+from rivet_jax import checkpointing, losses, sharding
 from rivet_jax.data import demo
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Replay, build_replay, reference_cost
@@ -150,13 +150,19 @@ def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState
 # ---------------------------------------------------------------------------------------------------- updates
 
 
-def make_train_step(net: RivetNet, tx, config, stage: str) -> Callable:
-    """One gradient update on the transitions `idx`: (state, data, idx) -> (state, metrics). Not jit'ed here."""
+def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
+    """One gradient update on the transitions `idx`: (state, data, idx) -> (state, metrics). Not jit'ed here.
+
+    With a multi-device `mesh` the gathered batch is split over its devices (data parallelism).
+    """
     loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
 
     def train_step(state: TrainState, data: TrainData, idx: jax.Array):
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (_, metrics), grads = grad_fn(state.params, state.target_params, gather_batch(data, idx), data.cards())
+        batch = gather_batch(data, idx)
+        if mesh is not None and mesh.size > 1:
+            batch = sharding.shard_batch(batch, mesh)
+        (_, metrics), grads = grad_fn(state.params, state.target_params, batch, data.cards())
         metrics["grad_norm"] = optax.tree.norm(grads)
         return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
 
@@ -176,9 +182,9 @@ def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int) -> jax.
     return perm[: num_batches * batch_size].reshape(num_batches, batch_size)
 
 
-def make_train_epoch(net: RivetNet, tx, config, stage: str) -> Callable:
+def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
     """jit'ed (state, data, epoch) -> (state, per-step metrics, batches), the state donated."""
-    train_step = make_train_step(net, tx, config, stage)
+    train_step = make_train_step(net, tx, config, stage, mesh)
     batch_size = config.optim.batch_size
 
     @functools.partial(jax.jit, donate_argnums=0)
@@ -360,11 +366,16 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
         logging.info("Resuming stage %s from %s after epoch %d/%d", stage, checkpoints.directory, resume_epoch,
                      epochs)
     meta = checkpoint_meta(config, prepared, stage)
-    train_epoch = make_train_epoch(net, tx, config, stage)
+    mesh = sharding.make_mesh(config.devices)
+    data = prepared.data
+    if mesh.size > 1:  # data parallel: replicate state and replay, shard each batch (see rivet_jax/sharding.py)
+        sharding.check_divisible(config.optim.batch_size, mesh)
+        state, data = sharding.replicate(state, mesh), sharding.replicate(data, mesh)
+    train_epoch = make_train_epoch(net, tx, config, stage, mesh)
     for epoch in range(resume_epoch or 0, epochs):
         first_step = int(state.step)
         started = time.perf_counter()
-        state, metrics, batches = train_epoch(state, prepared.data, jnp.asarray(epoch, jnp.int32))
+        state, metrics, batches = train_epoch(state, data, jnp.asarray(epoch, jnp.int32))
         metrics = jax.device_get(metrics)
         seconds = time.perf_counter() - started
         _check_finite(metrics, batches, prepared, stage, first_step)
