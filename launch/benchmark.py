@@ -2,7 +2,7 @@ r"""Benchmarks the MC and TD+CQL updates at the paper's sizes and the full offli
 
   python -m launch.benchmark --config=configs/default.py --output=/tmp/rivet_bench.json
 
-Prints a table and writes the numbers as JSON.
+Prints a table and writes the numbers as JSON (and the scaling curves as <output>_scaling.png).
 """
 
 from absl import app, flags
@@ -14,14 +14,21 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Confi
 _OUTPUT = flags.DEFINE_string("output", "benchmark.json", "Where to write the JSON results.")
 _TRANSITIONS = flags.DEFINE_integer("transitions", benchmark.PAPER_TRANSITIONS, "Replay size.")
 _MODELS = flags.DEFINE_integer("models", 6, "Number of candidate models.")
+_SCALING = flags.DEFINE_bool("scaling", True, "Also measure scaling curves (batch, candidates, corpus size).")
+_ENCODERS = flags.DEFINE_bool("encoders", True, "Also measure frozen-encoder throughput.")
 
 
 def main(argv):
     del argv
-    result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value)
+    result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value,
+                                     scaling=_SCALING.value, encoders=_ENCODERS.value)
     print(benchmark.format_table(result))
     benchmark.write_json(result, _OUTPUT.value)
     print(f"wrote {_OUTPUT.value}")
+    if "scaling" in result:
+        plot = str(_OUTPUT.value).rsplit(".", 1)[0] + "_scaling.png"
+        benchmark.plot_scaling(result["scaling"], plot)
+        print(f"wrote {plot}")
 
 
 if __name__ == "__main__":

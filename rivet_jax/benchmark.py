@@ -146,8 +146,65 @@ def _routing_latency(config, net, tx, data, pool, calls: int = 2000, batch: int 
             "batched_decisions_per_s": batched, "batch": batch}
 
 
+def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
+    """Texts per second of the hashing and (when its package is installed) the JAX MiniLM encoder, warm."""
+    from rivet_jax.encoders import HashingEncoder, make_encoder
+
+    rng = np.random.default_rng(0)
+    vocabulary = [f"word{i}" for i in range(2000)]
+    texts = [" ".join(rng.choice(vocabulary, words)) for _ in range(num_texts)]
+    encoders = {"hashing": HashingEncoder(dim=1024)}
+    try:
+        encoders["minilm"] = make_encoder({"name": "minilm"})
+    except (ImportError, FileNotFoundError, ValueError) as error:  # optional: the package may be absent
+        encoders["minilm"] = str(error)
+    result = {}
+    for name, encoder in encoders.items():
+        if isinstance(encoder, str):
+            result[name] = {"skipped": encoder}
+            continue
+        encoder.encode(texts[:8])  # warm up (compiles the neural encoders' first shapes)
+        encoder.encode(texts)
+        started = time.perf_counter()
+        encoder.encode(texts)
+        result[name] = {"texts_per_s": num_texts / (time.perf_counter() - started), "words_per_text": words}
+    return result
+
+
+def _scaling(config, batch_sizes=(16, 32, 64, 128, 256), candidates=(6, 16, 32, 64),
+             corpus_sizes=(1_000, 10_000, 100_000), steps: int = 30) -> dict:
+    """TD+CQL steps/s against batch size, number of candidates and corpus size (in memory), one factor at a time
+    from the paper's sizes."""
+    def rate(batch: int, models: int, transitions: int) -> float:
+        sized = ml_collections.ConfigDict(config.to_dict())
+        sized.optim.batch_size = batch
+        pool = synthetic_pool(models)
+        data = synthetic_data(transitions, sized.encoder.dim, pool, seed=sized.seed)
+        net, tx = make_network(sized), make_optimizer(sized)
+        return _time_single_steps(sized, net, tx, data, "td", pool, steps)["steps_per_s"]
+
+    base_batch, base_models = config.optim.batch_size, 6
+    return {"batch_size": [{"x": b, "steps_per_s": rate(b, base_models, 10_000)} for b in batch_sizes],
+            "candidates": [{"x": m, "steps_per_s": rate(base_batch, m, 10_000)} for m in candidates],
+            "corpus_size": [{"x": n, "steps_per_s": rate(base_batch, base_models, n)} for n in corpus_sizes]}
+
+
+def plot_scaling(scaling: dict, path: str | Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 3.4))
+    for ax, (name, points) in zip(fig.subplots(1, 3), scaling.items()):
+        ax.plot([p["x"] for p in points], [1e3 / p["steps_per_s"] for p in points], "o-")
+        ax.set_xscale("log")
+        ax.set_xlabel(name.replace("_", " "))
+        ax.set_ylabel("ms per TD+CQL update")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPER_TRANSITIONS,
-                  num_models: int = 6, single_steps: int = 200) -> dict:
+                  num_models: int = 6, single_steps: int = 200, scaling: bool = False,
+                  encoders: bool = False) -> dict:
     """Measures everything; returns a JSON-ready dict."""
     pool = synthetic_pool(num_models)
     data = synthetic_data(num_transitions, config.encoder.dim, pool, seed=config.seed)
@@ -167,6 +224,10 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
     scan_rate = result["offline_training"]["td"]["scan_steps_per_s"] or result["single_step"]["td"]["steps_per_s"]
     result["td_update"] = {"flops": td_flops, "flops_per_s": td_flops * scan_rate,
                            "fraction_of_matmul": td_flops * scan_rate / result["matmul_flops_per_s"]}
+    if encoders:
+        result["encoders"] = _encoder_throughput()
+    if scaling:
+        result["scaling"] = _scaling(config)
     return result
 
 
@@ -190,6 +251,12 @@ def format_table(result: dict) -> str:
              f"p99 {result['routing']['p99_us']:.0f} us; state embedding given, all candidates scored"),
             ("routing, batched", f"{result['routing']['batched_decisions_per_s']:.0f} decisions/s",
              f"batches of {result['routing']['batch']}")]
+    for name, row in result.get("encoders", {}).items():
+        rows.append((f"encoder {name}", f"{row['texts_per_s']:.0f} texts/s" if "texts_per_s" in row else "skipped",
+                     f"{row.get('words_per_text', '')} words per text" if "texts_per_s" in row else row["skipped"]))
+    for name, points in result.get("scaling", {}).items():
+        rows.append((f"scaling: {name.replace('_', ' ')}",
+                     " ".join(f"{p['x']}:{p['steps_per_s']:.0f}" for p in points), "x: TD+CQL steps/s"))
     sizes = result["sizes"]
     header = (f"RIVET update benchmark on {result['device']} ({result['backend']}, jax {result['jax']}); "
               f"{sizes['transitions']} transitions, D={sizes['state_dim']}, M={sizes['models']}, "
