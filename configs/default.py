@@ -28,6 +28,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
     config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
     config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
+    # True: the embedding table is a memory-mapped file (<embedding cache>/tables/) that batches are gathered from
+    # on the host, so a corpus larger than memory trains. Multi-host runs always feed batches from the host.
+    config.data.embeddings_on_disk = False
+    config.data.host_chunk_steps = 32  # host-fed training: batches gathered and run per jit call
     config.data.demo_episodes = 1500  # size of the demo corpus when `episodes` is empty
     config.data.demo_seed = 0
 

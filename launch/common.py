@@ -1,4 +1,7 @@
-"""What every launcher shares: the errors that describe the user's input, reported as one line."""
+"""What every launcher shares: the errors that describe the user's input, reported as one line; joining a
+multi-host run."""
+
+from __future__ import annotations
 
 import sys
 from pathlib import Path
@@ -30,3 +33,17 @@ def enable_compilation_cache(workdir: str) -> None:
     so each compiles once, for this run and later ones."""
     jax.config.update("jax_compilation_cache_dir", str(Path(workdir) / "xla_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """Joins a multi-host run (`jax.distributed.initialize`), before any other JAX call.
+
+    On Cloud TPU VMs, Slurm and Open MPI every argument is found automatically; elsewhere (e.g. GPU hosts
+    started by hand) give all three. CPU hosts exchange gradients over gloo.
+    """
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator_address or None, num_processes=num_processes,
+                               process_id=process_id)
+    logging.info("process %d of %d: %d local devices, %d in all (%s)", jax.process_index(), jax.process_count(),
+                 jax.local_device_count(), jax.device_count(), jax.default_backend())

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from rivet_jax.data.schema import ModelPool
@@ -66,6 +67,11 @@ class StageCheckpoints:
         if epoch is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         return epoch
+
+
+def abstract_tree(tree: Any, sharding) -> Any:
+    """`tree`'s shapes and dtypes with `sharding` on every leaf: a restore target that places each array there."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
 
 
 class _DropOrbaxInfo(logging.Filter):

@@ -1,8 +1,13 @@
 """Data parallelism on JAX's own SPMD: one `("data",)` mesh axis, parameters replicated, batches sharded.
 
-The same training code runs on 1 device and on N: with a mesh of N > 1 devices the train state and the replay are
-replicated over it and each gathered batch is constrained to be split along its first axis, so XLA runs the
-per-example work on every device and all-reduces the gradients. With one device nothing is placed or constrained.
+The same training code runs on 1 device, on N devices of one host and on many hosts:
+
+- device-resident replay (the default on one host): the train state and the replay are replicated over the mesh
+  and each gathered batch is constrained to split along its first axis, so XLA runs the per-example work on every
+  device and all-reduces the gradients. With one device nothing is placed or constrained.
+- host-fed replay (embeddings on disk, or more than one process): every process owns one contiguous slice of the
+  transitions (`replay_slice`), gathers its rows of each batch on the host and hands them to
+  `jax.make_array_from_process_local_data`, which assembles the global batch sharded over all devices.
 """
 
 from __future__ import annotations
@@ -15,22 +20,55 @@ DATA = "data"
 
 
 def make_mesh(num_devices: int = 0) -> Mesh:
-    """A 1-D mesh over the first `num_devices` devices (0 = all of them)."""
+    """A 1-D mesh over the first `num_devices` devices (0 = all of them, on every host)."""
     devices = jax.devices()
     if num_devices < 0 or num_devices > len(devices):
         raise ValueError(f"asked for {num_devices} devices; {len(devices)} are visible ({jax.default_backend()})")
+    if jax.process_count() > 1 and num_devices not in (0, len(devices)):
+        raise ValueError(f"a multi-host run trains on every device of every host: set config.devices=0 "
+                         f"(it is {num_devices}; {len(devices)} devices on {jax.process_count()} hosts)")
     return Mesh(np.array(devices[:num_devices or len(devices)]), (DATA,))
 
 
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
 def replicate(tree, mesh: Mesh):
-    """Every leaf copied to every device of the mesh."""
-    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+    """Every leaf copied to every device of the mesh (on every host: each process passes the same values)."""
+    sharding = replicated(mesh)
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+
+    def place(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed keys travel as their raw key data
+            return jax.random.wrap_key_data(place(jax.random.key_data(x)), impl=jax.random.key_impl(x))
+        if isinstance(x, jax.Array) and x.sharding == sharding:
+            return x  # already in place (restored onto the mesh by orbax)
+        value = np.asarray(x)
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+    return jax.tree.map(place, tree)
 
 
 def shard_batch(batch, mesh: Mesh):
     """Inside jit: split every array of a batch along its first (example) axis over the mesh."""
     sharding = NamedSharding(mesh, PartitionSpec(DATA))
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), batch)
+
+
+def global_batches(local, mesh: Mesh):
+    """Host arrays (K, b, ...) of this process's rows -> global arrays (K, b * processes, ...) split over the mesh
+    along the batch axis (axis 1; axis 0 is the scan over K steps)."""
+    sharding = NamedSharding(mesh, PartitionSpec(None, DATA))
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
+
+
+def replay_slice(num_transitions: int, num_slices: int | None = None, index: int | None = None) -> slice:
+    """The contiguous transitions process `index` of `num_slices` reads (default: this process of all)."""
+    num_slices = jax.process_count() if num_slices is None else num_slices
+    index = jax.process_index() if index is None else index
+    return slice(index * num_transitions // num_slices, (index + 1) * num_transitions // num_slices)
 
 
 def check_divisible(batch_size: int, mesh: Mesh) -> None:

@@ -32,6 +32,7 @@ from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Replay, build_replay, reference_cost
 from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
+from rivet_jax.encoders.table import host_table
 from rivet_jax.networks import RivetNet, init_params, make_network
 
 STAGES = ("mc", "td")                  # the offline stages (this module)
@@ -54,27 +55,37 @@ class TrainState:
 
 @flax.struct.dataclass
 class TrainData:
-    """Everything an update reads, on device. T texts of width D, M candidates, F card fields, N transitions."""
+    """Everything an update reads. T texts of width D, M candidates, F card fields, N transitions.
 
-    embeddings: jax.Array  # (T, D) float32 frozen-encoder vectors of the text table
-    card_text: jax.Array   # (M,) int32 rows of the card descriptions
-    card_x: jax.Array      # (M, F) float32 structured card fields
-    card_mask: jax.Array   # (M, F) float32 1 = field known
-    replay: dict           # per-transition arrays, see `Replay.arrays`
+    Device-resident (jax arrays; batches are gathered inside the jit'ed epoch) or host-resident (numpy arrays, the
+    embedding table possibly a memory-mapped file; batches are gathered on the host and fed to the devices).
+    """
+
+    embeddings: Any  # (T, D) float32 frozen-encoder vectors of the text table
+    card_text: Any   # (M,) int32 rows of the card descriptions
+    card_x: Any      # (M, F) float32 structured card fields
+    card_mask: Any   # (M, F) float32 1 = field known
+    replay: dict     # per-transition arrays, see `Replay.arrays`
 
     @property
     def num_transitions(self) -> int:
         return int(self.replay["action"].shape[0])
 
+    @property
+    def on_host(self) -> bool:
+        return isinstance(self.embeddings, np.ndarray)  # np.memmap included
+
     def cards(self):
         return self.embeddings[self.card_text], self.card_x, self.card_mask
 
 
-def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool) -> TrainData:
+def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_host: bool = False) -> TrainData:
+    """The replay and its embedding table on the device, or (`on_host`) left where they are, e.g. on disk."""
     card_x, card_mask = card_features(pool)
-    return TrainData(embeddings=jnp.asarray(embeddings, jnp.float32), card_text=jnp.asarray(replay.card_text),
-                     card_x=jnp.asarray(card_x), card_mask=jnp.asarray(card_mask),
-                     replay={k: jnp.asarray(v) for k, v in replay.arrays().items()})
+    put = np.asarray if on_host else jnp.asarray
+    return TrainData(embeddings=embeddings if on_host else jnp.asarray(embeddings, jnp.float32),
+                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
+                     replay={k: put(v) for k, v in replay.arrays().items()})
 
 
 def make_optimizer(config: ml_collections.ConfigDict, learning_rate: float | None = None):
@@ -102,8 +113,10 @@ def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainSta
 # ----------------------------------------------------------------------------------------------------- losses
 
 
-def gather_batch(data: TrainData, idx: jax.Array) -> dict:
-    """The transitions `idx` (B,) as vectors: h_t, h_tp1, e_o (B, D) and the per-transition arrays."""
+def gather_batch(data: TrainData, idx) -> dict:
+    """The transitions `idx` (...,) as vectors: h_t, h_tp1, e_o (..., D) and the per-transition arrays.
+
+    The same code gathers inside jit (device-resident data) and with numpy on the host (host-resident data)."""
     batch = jax.tree.map(lambda x: x[idx], data.replay)
     return {"h_t": data.embeddings[batch["state"]], "h_tp1": data.embeddings[batch["next_state"]],
             "e_o": data.embeddings[batch["response"]],
@@ -150,40 +163,55 @@ def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState
 # ---------------------------------------------------------------------------------------------------- updates
 
 
+def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
+    """One gradient update on a gathered batch: (state, batch, cards) -> (state, metrics). Not jit'ed here."""
+    loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
+
+    def update(state: TrainState, batch: dict, cards):
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
+                                                                         cards)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
+
+    return update
+
+
 def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
     """One gradient update on the transitions `idx`: (state, data, idx) -> (state, metrics). Not jit'ed here.
 
     With a multi-device `mesh` the gathered batch is split over its devices (data parallelism).
     """
-    loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
+    update = make_update(net, tx, config, stage)
 
     def train_step(state: TrainState, data: TrainData, idx: jax.Array):
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         batch = gather_batch(data, idx)
         if mesh is not None and mesh.size > 1:
             batch = sharding.shard_batch(batch, mesh)
-        (_, metrics), grads = grad_fn(state.params, state.target_params, batch, data.cards())
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
+        return update(state, batch, data.cards())
 
     return train_step
 
 
-def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int) -> jax.Array:
-    """A fresh shuffle cut into full batches: (num_batches, batch_size) transition indices.
+def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int, num_slices: int = 1,
+                  slice_index: int = 0) -> jax.Array:
+    """A fresh shuffle of one replay slice cut into full batches: (num_batches, batch_size // num_slices) indices.
 
-    The remainder (< batch_size) is dropped this epoch and lands elsewhere in the next shuffle; a corpus smaller
-    than one batch is repeated to fill it.
+    Slice `slice_index` of `num_slices` (one per host; see `sharding.replay_slice`) contributes its share of every
+    global batch, drawn from its own transitions only. Every slice takes the same number of batches (that of the
+    smallest slice); the remainder is dropped this epoch and lands elsewhere in the next shuffle; a slice smaller
+    than its share of one batch is repeated to fill it.
     """
-    perm = jax.random.permutation(key, num_transitions)
-    if num_transitions < batch_size:
-        perm = jnp.resize(perm, (batch_size,))
-    num_batches = max(num_transitions // batch_size, 1)
-    return perm[: num_batches * batch_size].reshape(num_batches, batch_size)
+    rows = sharding.replay_slice(num_transitions, num_slices, slice_index)
+    local_batch, smallest = batch_size // num_slices, num_transitions // num_slices
+    perm = rows.start + jax.random.permutation(jax.random.fold_in(key, slice_index), rows.stop - rows.start)
+    if perm.shape[0] < local_batch:
+        perm = jnp.resize(perm, (local_batch,))
+    num_batches = max(smallest // local_batch, 1)
+    return perm[: num_batches * local_batch].reshape(num_batches, local_batch)
 
 
 def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
-    """jit'ed (state, data, epoch) -> (state, per-step metrics, batches), the state donated."""
+    """jit'ed (state, data, epoch) -> (state, per-step metrics, batches) over device-resident data, state donated."""
     train_step = make_train_step(net, tx, config, stage, mesh)
     batch_size = config.optim.batch_size
 
@@ -192,6 +220,39 @@ def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
         batches = epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
         state, metrics = jax.lax.scan(lambda s, idx: train_step(s, data, idx), state, batches)
         return state, metrics, batches
+
+    return train_epoch
+
+
+def make_host_fed_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Callable:
+    """(state, data, epoch) -> (state, per-step metrics, this host's batches) over host-resident data.
+
+    Each process shuffles its own replay slice (the same indices `make_train_epoch` draws when there is one
+    process), gathers `config.data.host_chunk_steps` batches at a time with numpy (from a memory-mapped table that
+    need not fit in memory), and runs them as one jit'ed `lax.scan` on the global batches its rows are part of.
+    Dispatch is asynchronous, so the host gathers the next chunk while the devices run this one.
+    """
+    update = make_update(net, tx, config, stage)
+    batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
+    num_slices, slice_index = jax.process_count(), jax.process_index()
+    shuffle = jax.jit(epoch_batches, static_argnums=(1, 2, 3, 4))
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def train_chunk(state: TrainState, batches: dict, cards):  # batches: (K, B, ...)
+        return jax.lax.scan(lambda s, batch: update(s, batch, cards), state, batches)
+
+    def train_epoch(state: TrainState, data: TrainData, epoch: jax.Array):
+        # Shuffled on this host alone, from the stage key every process holds.
+        key = jax.random.wrap_key_data(np.asarray(jax.random.key_data(state.key)))
+        batches = np.asarray(shuffle(jax.random.fold_in(key, epoch), data.num_transitions, batch_size, num_slices,
+                                     slice_index))                                   # (S, B / processes)
+        cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)
+        metrics = []
+        for start in range(0, len(batches), chunk):
+            local = gather_batch(data, batches[start:start + chunk])                # (K, B / processes, ...)
+            state, chunk_metrics = train_chunk(state, sharding.global_batches(local, mesh), cards)
+            metrics.append(chunk_metrics)
+        return state, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m]), *metrics), batches
 
     return train_epoch
 
@@ -242,12 +303,32 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                           c_ref=c_ref)
     started = time.perf_counter()
     store = EmbeddingStore(encoder, Path(config.data.embedding_cache or workdir / "embeddings"))
-    embeddings = store.embed(replay.texts)
+    host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see make_host_fed_epoch
+    embeddings = _host_embeddings(config, store, replay, workdir) if host_fed else store.embed(replay.texts)
     logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
                  len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
                  time.perf_counter() - started, store.stats)
-    return PreparedData(pool=pool, encoder=encoder, replay=replay, data=make_train_data(replay, embeddings, pool),
-                        c_ref=c_ref, skipped=len(episode_file.skipped))
+    data = make_train_data(replay, embeddings, pool, on_host=host_fed)
+    return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
+                        skipped=len(episode_file.skipped))
+
+
+def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:
+    """The text-table rows a replay slice reads (its states, next states, responses) and the cards, sorted."""
+    return np.unique(np.concatenate([replay.state[rows], replay.next_state[rows], replay.response[rows],
+                                     replay.card_text]))
+
+
+def _host_embeddings(config, store: EmbeddingStore, replay: Replay, workdir: Path) -> np.ndarray:
+    """The table of a host-fed run: this process's rows only (sharded encoder pass), memory-mapped from
+    `<embedding cache>/tables/` when `config.data.embeddings_on_disk`."""
+    rows = slice_text_rows(replay, sharding.replay_slice(len(replay)))
+    directory = Path(config.data.embedding_cache or workdir / "embeddings") / "tables"
+
+    def progress(done: int, total: int) -> None:
+        logging.info("embedded %d/%d texts of this host's replay slice", done, total)
+
+    return host_table(store, replay.texts, rows, directory if config.data.embeddings_on_disk else None, progress)
 
 
 # -------------------------------------------------------------------------------------------- stage driver
@@ -258,10 +339,12 @@ def saveable(state: TrainState) -> dict:
             "step": state.step, "key": jax.random.key_data(state.key)}
 
 
-def from_saveable(tree: dict) -> TrainState:
-    # orbax restores committed arrays; jit outputs are uncommitted. Passing both kinds to one jit compiles it twice,
-    # so restored arrays are re-made as plain uncommitted ones.
-    tree = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
+def from_saveable(tree: dict, placed: bool = False) -> TrainState:
+    """The TrainState of a restored tree. Unless `placed` (restored onto a mesh's shardings), arrays are re-made
+    as plain uncommitted ones: orbax restores committed arrays, jit outputs are uncommitted, and passing both
+    kinds to one jit compiles it twice."""
+    if not placed:
+        tree = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
     return TrainState(params=tree["params"], target_params=tree["target_params"], opt_state=tree["opt_state"],
                       step=tree["step"], key=jax.random.wrap_key_data(tree["key"]))
 
@@ -291,15 +374,22 @@ def _template_state(config, net, tx, prepared: PreparedData, stage: str) -> Trai
 
 
 def _restore(checkpoints: checkpointing.StageCheckpoints, like: TrainState, prepared: PreparedData, config,
-             epoch: int) -> TrainState:
+             epoch: int, mesh=None) -> TrainState:
+    """The checkpoint of `epoch`, checked against this run; with a multi-device `mesh`, orbax restores every leaf
+    straight onto the mesh, replicated (whatever device count saved it)."""
     meta = checkpoints.restore_meta(epoch)
     checkpointing.check_compatible(meta, prepared.pool, prepared.encoder.fingerprint, config.model.to_dict(),
                                    source=str(checkpoints.directory))
-    restored, _ = checkpoints.restore(saveable(like), epoch=epoch)
-    return from_saveable(restored)
+    target = saveable(like)
+    placed = mesh is not None and mesh.size > 1
+    if placed:
+        target = checkpointing.abstract_tree(target, sharding.replicated(mesh))
+    restored, _ = checkpoints.restore(target, epoch=epoch)
+    return from_saveable(restored, placed=placed)
 
 
-def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: Path, stage: str) -> TrainState:
+def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: Path, stage: str,
+                   mesh=None) -> TrainState:
     """A new stage: MC from initialisation; TD from the finished MC stage (fresh optimizer, target = online)."""
     template = _template_state(config, net, tx, prepared, stage)
     if stage == "mc":
@@ -310,7 +400,7 @@ def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: P
         raise FileNotFoundError(f"stage 'td' starts from a finished 'mc' stage, but {previous.directory} has "
                                 f"{'no checkpoint' if done is None else f'{done}/{config.mc_epochs} epochs'}: "
                                 f"run --config.stage=mc first")
-    mc_state = _restore(previous, _template_state(config, net, tx, prepared, "mc"), prepared, config, done)
+    mc_state = _restore(previous, _template_state(config, net, tx, prepared, "mc"), prepared, config, done, mesh)
     return init_train_state(net, tx, mc_state.params, template.key)
 
 
@@ -356,22 +446,27 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
         prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     net, tx = make_network(config), make_optimizer(config)
     epochs = _stage_epochs(config, stage)
+    mesh = sharding.make_mesh(config.devices)
+    sharding.check_divisible(config.optim.batch_size, mesh)
     checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep)
     resume_epoch = checkpoints.latest_epoch()
     if resume_epoch is None:
-        state = _initial_state(config, net, tx, prepared, workdir, stage)
+        state = _initial_state(config, net, tx, prepared, workdir, stage, mesh)
     else:
         state = _restore(checkpoints, _template_state(config, net, tx, prepared, stage), prepared, config,
-                         resume_epoch)
+                         resume_epoch, mesh)
         logging.info("Resuming stage %s from %s after epoch %d/%d", stage, checkpoints.directory, resume_epoch,
                      epochs)
     meta = checkpoint_meta(config, prepared, stage)
-    mesh = sharding.make_mesh(config.devices)
     data = prepared.data
-    if mesh.size > 1:  # data parallel: replicate state and replay, shard each batch (see rivet_jax/sharding.py)
-        sharding.check_divisible(config.optim.batch_size, mesh)
-        state, data = sharding.replicate(state, mesh), sharding.replicate(data, mesh)
-    train_epoch = make_train_epoch(net, tx, config, stage, mesh)
+    if data.on_host:  # batches gathered on each host and fed to the mesh (see make_host_fed_epoch)
+        train_epoch = make_host_fed_epoch(net, tx, config, stage, mesh)
+    else:  # data parallel on one host: replicate state and replay, shard each batch (see rivet_jax/sharding.py)
+        train_epoch = make_train_epoch(net, tx, config, stage, mesh)
+        if mesh.size > 1:
+            data = sharding.replicate(data, mesh)
+    if mesh.size > 1:
+        state = sharding.replicate(state, mesh)
     for epoch in range(resume_epoch or 0, epochs):
         first_step = int(state.step)
         started = time.perf_counter()
@@ -384,7 +479,8 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
                   "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
         if (epoch + 1) % config.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
             checkpoints.save(epoch + 1, saveable(state), meta)
-        _log_epoch(workdir, record)  # after the save: a logged epoch is never lost to a kill (with per-epoch saves)
+        if jax.process_index() == 0:  # one log line and one metrics record per epoch, not one per host
+            _log_epoch(workdir, record)  # after the save: a logged epoch is never lost to a kill
         if on_epoch_end is not None:
             on_epoch_end(stage, epoch + 1, record)
     checkpoints.close()

@@ -155,6 +155,11 @@ class EmbeddingStore:
         table, index = self.embed_table(texts)
         return table[index]
 
+    def forget(self) -> None:
+        """Drop the vectors held in memory (those on disk stay there): for passes over more texts than fit."""
+        self._vectors.clear()
+        self._unrequested_disk_keys.clear()
+
     def embed_table(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(U, dim) float32 table of the distinct texts, first-occurrence order,
         and (N,) int32 index with table[index[i]] the embedding of texts[i]."""
