@@ -8,6 +8,7 @@ M = 6 candidates, 7,492 transitions by default), fed to exactly the update and e
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +20,9 @@ import numpy as np
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelCard, ModelPool
 from rivet_jax.networks import make_network
-from rivet_jax.train import TrainData, make_optimizer, make_train_epoch, init_train_state, make_train_step, template_state
+from rivet_jax.sharding import make_mesh
+from rivet_jax.train import (TrainData, init_train_state, make_optimizer, make_train_chunk, make_train_epoch,
+                             make_train_step, run_host_batches, template_state)
 
 PAPER_TRANSITIONS = 7_492
 
@@ -31,13 +34,26 @@ def synthetic_pool(num_models: int) -> ModelPool:
         for i in range(num_models)))
 
 
-def synthetic_data(num_transitions: int, state_dim: int, pool: ModelPool, seed: int = 0) -> TrainData:
-    """A replay of the given size over random unit embeddings; every text distinct, as in real logs."""
+def synthetic_data(num_transitions: int, state_dim: int, pool: ModelPool, seed: int = 0,
+                   directory: str | Path | None = None) -> TrainData:
+    """A replay of the given size over random unit embeddings; every text distinct, as in real logs.
+
+    With `directory` the embedding table is written there as a `.npy` file (chunk by chunk, so its size is not
+    bounded by memory) and the data is host-resident, memory-mapped: what `config.data.embeddings_on_disk` trains
+    from. Otherwise everything is on the device.
+    """
     rng = np.random.default_rng(seed)
     n, m = num_transitions, len(pool)
     num_texts = 2 * n + m  # states (next states share them), responses, card descriptions
-    embeddings = rng.normal(size=(num_texts, state_dim)).astype(np.float32)
-    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    if directory is None:
+        embeddings = _unit_rows(rng, num_texts, state_dim)
+    else:
+        path = Path(directory) / f"synthetic-{num_texts}x{state_dim}-seed{seed}.npy"
+        embeddings = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(num_texts, state_dim))
+        for start in range(0, num_texts, 65_536):
+            embeddings[start:start + 65_536] = _unit_rows(rng, min(65_536, num_texts - start), state_dim)
+        embeddings.flush()
+        embeddings = np.load(path, mmap_mode="r")
     state = rng.integers(0, n, n).astype(np.int32)
     done = (rng.random(n) < 0.25).astype(np.float32)
     replay = {
@@ -48,9 +64,14 @@ def synthetic_data(num_transitions: int, state_dim: int, pool: ModelPool, seed: 
         "next_available": np.ones((n, m), bool),
     }
     card_x, card_mask = card_features(pool)
-    return TrainData(embeddings=jnp.asarray(embeddings), card_text=jnp.arange(2 * n, 2 * n + m, dtype=jnp.int32),
-                     card_x=jnp.asarray(card_x), card_mask=jnp.asarray(card_mask),
-                     replay={k: jnp.asarray(v) for k, v in replay.items()})
+    put = jnp.asarray if directory is None else np.asarray
+    return TrainData(embeddings=embeddings if directory else put(embeddings), card_text=put(np.arange(2 * n, 2 * n + m, dtype=np.int32)),
+                     card_x=put(card_x), card_mask=put(card_mask), replay={k: put(v) for k, v in replay.items()})
+
+
+def _unit_rows(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
+    vectors = rng.standard_normal((rows, dim), dtype=np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
 def _block(tree):
@@ -97,6 +118,45 @@ def _time_offline_training(config, net, tx, data, pool) -> dict:
                          "final_loss": float(metrics["loss"][-1])}
     result["total_s"] = time.perf_counter() - started
     return result
+
+
+def _time_host_fed_steps(config, net, tx, data, stage: str, pool, steps: int) -> dict:
+    """Steps/s of host-fed training (batches gathered with numpy from host-resident, e.g. memory-mapped, data and
+    run `config.data.host_chunk_steps` per jit call) over random batches of the whole table, warm."""
+    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
+    train_chunk = make_train_chunk(net, tx, config, stage)
+    mesh, chunk = make_mesh(1), config.data.host_chunk_steps
+    rng = np.random.default_rng(0)
+    batches = rng.integers(0, data.num_transitions, (chunk + steps, config.optim.batch_size)).astype(np.int32)
+    state, metrics = run_host_batches(train_chunk, state, data, batches[:chunk], mesh, chunk)  # compiles
+    started = time.perf_counter()
+    state, metrics = run_host_batches(train_chunk, state, data, batches[chunk:], mesh, chunk)
+    return {"steps_per_s": steps / (time.perf_counter() - started)}
+
+
+def update_matmul_flops(config, num_models: int, num_fields: int, stage: str = "td") -> float:
+    """FLOPs of the matrix products in one update, counted analytically (2 m k n each; elementwise work, the
+    optimizer and the gathers not counted, as is usual for model FLOP utilisation).
+
+    Forward: the online net on h_t (every candidate, plus RIVE on the taken one); for TD also the online and the
+    target nets' Q_route on h_{t+1}. Backward, through the h_t pass only (the h_{t+1} passes are stop_gradient /
+    target): a weight gradient for every product and an input gradient for every product whose input is computed
+    (not for the layers that read the frozen embeddings).
+    """
+    b, d, m, f = config.optim.batch_size, config.encoder.dim, num_models, num_fields
+    h, c, hh, r = config.model.hidden, config.model.card_dim, config.model.head_hidden, config.model.response_dim
+    route = [(m, d + 2 * f, h, False), (m, h, c, True),                     # card projector g
+             (b, d, h, False), (m, c, h, True), (b * m, h, h, True),        # state adapter a
+             (b * m, h, hh, True), (b * m, hh, 1, True)]                    # RVE head
+    rive = [(b, d, h, False), (b, h, r, True), (b, h + r, hh, True), (b, hh, 1, True)]  # response projector, RIVE
+    def forward(products):
+        return sum(2 * p * k * q for p, k, q, _ in products)
+
+    def backward(products):
+        return sum(2 * p * k * q * (2 if computed else 1) for p, k, q, computed in products)
+
+    target_passes = 2 * forward(route) if stage == "td" else 0
+    return float(forward(route + rive) + backward(route + rive) + target_passes)
 
 
 def _matmul_flops_per_s(size: int = 2048, repeats: int = 10) -> float:
@@ -172,35 +232,64 @@ def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
 
 
 def _scaling(config, batch_sizes=(16, 32, 64, 128, 256), candidates=(6, 16, 32, 64),
-             corpus_sizes=(1_000, 10_000, 100_000), steps: int = 30) -> dict:
-    """TD+CQL steps/s against batch size, number of candidates and corpus size (in memory), one factor at a time
-    from the paper's sizes."""
+             corpus_sizes=(1_000, 10_000, 100_000), disk_corpus_sizes=(1_000, 10_000, 100_000, 1_000_000),
+             steps: int = 30, directory: str | Path | None = None) -> dict:
+    """TD+CQL steps/s against batch size, number of candidates and corpus size, one factor at a time from the
+    paper's sizes: device-resident (jit per step) up to 10^5 transitions, and host-fed from a memory-mapped table
+    written to `directory` (a temporary directory by default; deleted afterwards) up to 10^6."""
+    def sized(batch: int) -> ml_collections.ConfigDict:
+        copy = ml_collections.ConfigDict(config.to_dict())
+        copy.optim.batch_size = batch
+        return copy
+
     def rate(batch: int, models: int, transitions: int) -> float:
-        sized = ml_collections.ConfigDict(config.to_dict())
-        sized.optim.batch_size = batch
-        pool = synthetic_pool(models)
-        data = synthetic_data(transitions, sized.encoder.dim, pool, seed=sized.seed)
-        net, tx = make_network(sized), make_optimizer(sized)
-        return _time_single_steps(sized, net, tx, data, "td", pool, steps)["steps_per_s"]
+        cfg, pool = sized(batch), synthetic_pool(models)
+        data = synthetic_data(transitions, cfg.encoder.dim, pool, seed=cfg.seed)
+        return _time_single_steps(cfg, make_network(cfg), make_optimizer(cfg), data, "td", pool, steps)["steps_per_s"]
+
+    def disk_rate(transitions: int, where: str) -> dict:
+        pool = synthetic_pool(6)
+        started = time.perf_counter()
+        data = synthetic_data(transitions, config.encoder.dim, pool, seed=config.seed, directory=where)
+        written = time.perf_counter() - started
+        measured = _time_host_fed_steps(config, make_network(config), make_optimizer(config), data, "td", pool,
+                                        max(steps, 4 * config.data.host_chunk_steps))
+        path = Path(data.embeddings.filename)
+        point = {"x": transitions, "steps_per_s": measured["steps_per_s"], "table_gb": path.stat().st_size / 1e9,
+                 "write_s": written}
+        del data
+        path.unlink()
+        return point
 
     base_batch, base_models = config.optim.batch_size, 6
-    return {"batch_size": [{"x": b, "steps_per_s": rate(b, base_models, 10_000)} for b in batch_sizes],
-            "candidates": [{"x": m, "steps_per_s": rate(base_batch, m, 10_000)} for m in candidates],
-            "corpus_size": [{"x": n, "steps_per_s": rate(base_batch, base_models, n)} for n in corpus_sizes]}
+    result = {"batch_size": [{"x": b, "steps_per_s": rate(b, base_models, 10_000)} for b in batch_sizes],
+              "candidates": [{"x": m, "steps_per_s": rate(base_batch, m, 10_000)} for m in candidates],
+              "corpus_size": [{"x": n, "steps_per_s": rate(base_batch, base_models, n)} for n in corpus_sizes]}
+    with tempfile.TemporaryDirectory(dir=directory) as where:
+        result["corpus_size_memory_mapped"] = [disk_rate(n, where) for n in disk_corpus_sizes]
+    return result
 
 
 def plot_scaling(scaling: dict, path: str | Path) -> None:
+    """One panel per factor; the corpus panel shows the device-resident and the memory-mapped curves together."""
     from matplotlib.figure import Figure
 
+    panels = {"batch_size": {"": scaling["batch_size"]}, "candidates": {"": scaling["candidates"]},
+              "corpus_size": {"device-resident": scaling["corpus_size"],
+                              "memory-mapped, host-fed": scaling.get("corpus_size_memory_mapped", [])}}
     fig = Figure(figsize=(11, 3.4))
-    for ax, (name, points) in zip(fig.subplots(1, 3), scaling.items()):
-        xs = [p["x"] for p in points]
-        ax.plot(xs, [1e3 / p["steps_per_s"] for p in points], "o-")
+    for ax, (name, curves) in zip(fig.subplots(1, 3), panels.items()):
+        xs = sorted({p["x"] for points in curves.values() for p in points})
+        for label, points in curves.items():
+            if points:
+                ax.plot([p["x"] for p in points], [1e3 / p["steps_per_s"] for p in points], "o-", label=label or None)
         ax.set_xscale("log")
         ax.minorticks_off()
         ax.set_xticks(xs, [f"{x:g}" for x in xs])  # the measured points only: readable labels
         ax.set_xlabel(name.replace("_", " "))
         ax.set_ylabel("ms per TD+CQL update")
+        if len(curves) > 1:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -223,10 +312,12 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
         "matmul_flops_per_s": _matmul_flops_per_s(),
         "routing": _routing_latency(config, net, tx, data, pool),
     }
-    td_flops = _update_flops(config, net, tx, data, "td", pool)
     scan_rate = result["offline_training"]["td"]["scan_steps_per_s"] or result["single_step"]["td"]["steps_per_s"]
-    result["td_update"] = {"flops": td_flops, "flops_per_s": td_flops * scan_rate,
-                           "fraction_of_matmul": td_flops * scan_rate / result["matmul_flops_per_s"]}
+    analytic = update_matmul_flops(config, num_models, int(data.card_x.shape[1]), "td")
+    xla = _update_flops(config, net, tx, data, "td", pool)
+    result["td_update"] = {"flops": analytic, "flops_per_s": analytic * scan_rate,
+                           "fraction_of_matmul": analytic * scan_rate / result["matmul_flops_per_s"],
+                           "xla_flops": xla, "xla_fraction_of_matmul": xla * scan_rate / result["matmul_flops_per_s"]}
     if encoders:
         result["encoders"] = _encoder_throughput()
     if scaling:
@@ -247,9 +338,11 @@ def format_table(result: dict) -> str:
             (f"offline training {offline['mc']['epochs']} MC + {offline['td']['epochs']} TD epochs",
              f"{offline['total_s']:.2f} s", "wall time, compile included, encoding excluded"),
             ("TD+CQL update, achieved", f"{result['td_update']['flops_per_s'] / 1e9:.1f} GFLOP/s",
-             f"{result['td_update']['flops'] / 1e6:.0f} MFLOP per update (XLA cost analysis), "
+             f"{result['td_update']['flops'] / 1e6:.0f} MFLOP of matmuls per update (analytic), "
              f"{100 * result['td_update']['fraction_of_matmul']:.0f}% of a 2048^2 matmul's "
-             f"{result['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s"),
+             f"{result['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s (XLA's count, all ops: "
+             f"{result['td_update']['xla_flops'] / 1e6:.0f} MFLOP, "
+             f"{100 * result['td_update']['xla_fraction_of_matmul']:.0f}%)"),
             ("routing, one decision", f"{result['routing']['p50_us']:.0f} us p50",
              f"p99 {result['routing']['p99_us']:.0f} us; state embedding given, all candidates scored"),
             ("routing, batched", f"{result['routing']['batched_decisions_per_s']:.0f} decisions/s",

@@ -154,7 +154,12 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
                on_validation: Callable[[dict], None] | None = None) -> TrainState:
     """Runs (or resumes) online adaptation from the finished TD stage of `workdir`; returns the best state."""
     workdir = Path(workdir)
+    if jax.process_count() > 1:
+        raise ValueError("stage 'online' acts in one environment and runs in one process; run it without "
+                         "--multihost, from the offline stages' workdir")
     prepared = prepared or prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    if prepared.data.on_host:  # one update per transition reads the logged replay on the device (it is small)
+        prepared = dataclasses.replace(prepared, data=jax.tree.map(jnp.asarray, prepared.data))
     net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
     template = template_state(config, net, tx, dim, prepared.pool, "td")

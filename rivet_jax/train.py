@@ -224,6 +224,17 @@ def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
     return train_epoch
 
 
+def make_train_chunk(net: RivetNet, tx, config, stage: str) -> Callable:
+    """jit'ed (state, batches (K, B, ...), cards) -> (state, per-step metrics): K gathered batches in one scan."""
+    update = make_update(net, tx, config, stage)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def train_chunk(state: TrainState, batches: dict, cards):
+        return jax.lax.scan(lambda s, batch: update(s, batch, cards), state, batches)
+
+    return train_chunk
+
+
 def make_host_fed_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Callable:
     """(state, data, epoch) -> (state, per-step metrics, this host's batches) over host-resident data.
 
@@ -232,29 +243,34 @@ def make_host_fed_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Callable
     need not fit in memory), and runs them as one jit'ed `lax.scan` on the global batches its rows are part of.
     Dispatch is asynchronous, so the host gathers the next chunk while the devices run this one.
     """
-    update = make_update(net, tx, config, stage)
     batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
     num_slices, slice_index = jax.process_count(), jax.process_index()
     shuffle = jax.jit(epoch_batches, static_argnums=(1, 2, 3, 4))
-
-    @functools.partial(jax.jit, donate_argnums=0)
-    def train_chunk(state: TrainState, batches: dict, cards):  # batches: (K, B, ...)
-        return jax.lax.scan(lambda s, batch: update(s, batch, cards), state, batches)
+    train_chunk = make_train_chunk(net, tx, config, stage)
 
     def train_epoch(state: TrainState, data: TrainData, epoch: jax.Array):
         # Shuffled on this host alone, from the stage key every process holds.
         key = jax.random.wrap_key_data(np.asarray(jax.random.key_data(state.key)))
         batches = np.asarray(shuffle(jax.random.fold_in(key, epoch), data.num_transitions, batch_size, num_slices,
                                      slice_index))                                   # (S, B / processes)
-        cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)
-        metrics = []
-        for start in range(0, len(batches), chunk):
-            local = gather_batch(data, batches[start:start + chunk])                # (K, B / processes, ...)
-            state, chunk_metrics = train_chunk(state, sharding.global_batches(local, mesh), cards)
-            metrics.append(chunk_metrics)
-        return state, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m]), *metrics), batches
+        state, metrics = run_host_batches(train_chunk, state, data, batches, mesh, chunk)
+        return state, metrics, batches
 
     return train_epoch
+
+
+def run_host_batches(train_chunk: Callable, state: TrainState, data: TrainData, batches: np.ndarray, mesh,
+                     chunk: int) -> tuple[TrainState, dict]:
+    """Runs the host batches (S, b) through `train_chunk`, `chunk` steps per call; per-step metrics as numpy."""
+    # Placed on the mesh up front: the outputs are, and a placed and an unplaced state would compile twice.
+    state = sharding.replicate(state, mesh)
+    cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)
+    metrics = []
+    for start in range(0, len(batches), chunk):
+        local = gather_batch(data, batches[start:start + chunk])                    # (K, b, ...)
+        state, chunk_metrics = train_chunk(state, sharding.global_batches(local, mesh), cards)
+        metrics.append(chunk_metrics)
+    return state, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m]), *metrics)
 
 
 # ---------------------------------------------------------------------------------------------- data loading

@@ -16,3 +16,43 @@ def test_benchmark_reports_everything(tmp_path):
         assert line in table
     benchmark.write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["sizes"]["transitions"] == 200
+
+
+def _dot_flops(jaxpr) -> int:
+    """2 x (output elements) x (contracted size) for every dot_general in a jaxpr, sub-jaxprs included."""
+    import numpy as np
+    from jax.extend import core
+
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[i] for i in lhs_contract]))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(sub, core.ClosedJaxpr):
+                    total += _dot_flops(sub.jaxpr)
+                elif isinstance(sub, core.Jaxpr):
+                    total += _dot_flops(sub)
+    return total
+
+
+def test_analytic_update_flops_match_the_matmuls_jax_traces():
+    import jax
+
+    from rivet_jax.networks import make_network
+    from rivet_jax.train import make_optimizer, make_update, template_state
+
+    config = default.get_config("tiny")
+    pool = benchmark.synthetic_pool(3)
+    data = benchmark.synthetic_data(50, config.encoder.dim, pool)
+    net, tx = make_network(config), make_optimizer(config)
+    batch = {k: v[: config.optim.batch_size] for k, v in data.replay.items()}
+    batch = {"h_t": data.embeddings[batch["state"]], "h_tp1": data.embeddings[batch["next_state"]],
+             "e_o": data.embeddings[batch["response"]], **batch}
+    for stage in ("mc", "td"):
+        state = template_state(config, net, tx, config.encoder.dim, pool, stage)
+        traced = jax.make_jaxpr(make_update(net, tx, config, stage))(state, batch, data.cards())
+        expected = _dot_flops(traced.jaxpr)
+        assert benchmark.update_matmul_flops(config, 3, int(data.card_x.shape[1]), stage) == expected, stage
