@@ -56,6 +56,8 @@ def build_qwen3_encoder(config: Any) -> Encoder:
         max_length=config_value(config, "max_length", 8192),
         instruction=config_value(config, "instruction") or None,
         max_batch_tokens=config_value(config, "max_batch_tokens", 16_384),
+        # Equal vectors either way (not in the fingerprint); off only to compare or to time the plain path.
+        prefix_reuse=config_value(config, "prefix_reuse", True),
     )
 
 

@@ -260,6 +260,46 @@ def plan_batches(
     return batches
 
 
+def dispatch_batches(
+    lengths: Sequence[int],
+    pack: Callable[[np.ndarray, int, int], tuple[np.ndarray, ...]],
+    forward: Callable[..., jax.Array],
+    *,
+    buckets: Sequence[int],
+    batch_size: int,
+    max_batch_tokens: int,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """[(indices, float32 result rows)] for the `plan_batches` batches of items with these `lengths`.
+
+    pack(indices, padded length, rows) -> the batch's arrays; forward(*arrays) -> (rows, ...) results, of which
+    the first len(indices) rows are kept. Every batch is dispatched before any result is read back, so host-side
+    packing overlaps device compute.
+    """
+    pending = [
+        (indices, forward(*pack(indices, pad, rows)))
+        for indices, pad, rows in plan_batches(lengths, buckets, batch_size, max_batch_tokens)
+    ]
+    return [(indices, np.asarray(result, dtype=np.float32)[: len(indices)]) for indices, result in pending]
+
+
+def pad_batch(
+    token_ids: Sequence[Sequence[int]], indices: np.ndarray, pad: int, rows: int, *, pad_id: int, left_pad: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) int32 (rows, pad) arrays holding token_ids[i] for i in indices, left- or right-padded.
+
+    Filler rows repeat the first text (a real input: no all-masked rows); their results are dropped.
+    """
+    ids = np.full((rows, pad), pad_id, dtype=np.int32)  # (R, P)
+    mask = np.zeros((rows, pad), dtype=np.int32)  # (R, P)
+    for row, index in enumerate(indices):
+        length = len(token_ids[index])
+        span = slice(pad - length, pad) if left_pad else slice(0, length)
+        ids[row, span] = token_ids[index]
+        mask[row, span] = 1
+    ids[len(indices):], mask[len(indices):] = ids[0], mask[0]
+    return ids, mask
+
+
 def run_batches(
     token_ids: Sequence[Sequence[int]],
     forward: Callable[[np.ndarray, np.ndarray], jax.Array],
@@ -271,26 +311,21 @@ def run_batches(
     pad_id: int,
     left_pad: bool,
 ) -> np.ndarray:
-    """(N, dim) float32: forward(ids (R, P) int32, mask (R, P) int32) -> (R, dim) for every text, input order.
-
-    Every batch is dispatched before any result is read back, so host-side padding overlaps device compute.
-    """
-    lengths = [len(ids) for ids in token_ids]
-    pending = []
-    for indices, pad, rows in plan_batches(lengths, buckets, batch_size, max_batch_tokens):
-        ids = np.full((rows, pad), pad_id, dtype=np.int32)  # (R, P)
-        mask = np.zeros((rows, pad), dtype=np.int32)  # (R, P)
-        for row, index in enumerate(indices):
-            span = slice(pad - lengths[index], pad) if left_pad else slice(0, lengths[index])
-            ids[row, span] = token_ids[index]
-            mask[row, span] = 1
-        # Filler rows repeat the first text (a real input: no all-masked rows) and are dropped below.
-        ids[len(indices):], mask[len(indices):] = ids[0], mask[0]
-        pending.append((indices, forward(ids, mask)))
+    """(N, dim) float32: forward(ids (R, P) int32, mask (R, P) int32) -> (R, dim) for every text, input order."""
+    pack = functools.partial(pad_batch, token_ids, pad_id=pad_id, left_pad=left_pad)
     out = np.zeros((len(token_ids), dim), dtype=np.float32)  # (N, dim)
-    for indices, result in pending:
-        out[indices] = np.asarray(result, dtype=np.float32)[: len(indices)]
+    for indices, result in dispatch_batches(
+        [len(ids) for ids in token_ids], pack, forward,
+        buckets=buckets, batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+    ):
+        out[indices] = result
     return out
+
+
+def call_jitted(function: Callable[..., jax.Array], params: Any, dtype: Any, *int_arrays: np.ndarray) -> jax.Array:
+    """function(params, *arrays as int32) under the matmul precision `dtype` asks for (see matmul_precision)."""
+    with jax.default_matmul_precision(matmul_precision(dtype)):
+        return function(params, *(jnp.asarray(array, jnp.int32) for array in int_arrays))
 
 
 def matmul_precision(dtype: Any) -> str:
@@ -601,13 +636,11 @@ class BertEncoder:
 
     def hidden_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L, H) float32 last hidden states of right-padded (B, L) token ids."""
-        with jax.default_matmul_precision(matmul_precision(self.dtype)):
-            hidden = self._hidden({"params": self.params}, jnp.asarray(input_ids), jnp.asarray(attention_mask))
+        hidden = call_jitted(self._hidden, {"params": self.params}, self.dtype, input_ids, attention_mask)
         return np.asarray(hidden, dtype=np.float32)
 
     def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
-        with jax.default_matmul_precision(matmul_precision(self.dtype)):
-            return self._pooled(self.params, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32))
+        return call_jitted(self._pooled, self.params, self.dtype, input_ids, attention_mask)
 
     def __repr__(self) -> str:
         return f"BertEncoder(path={str(self.path)!r}, batch_size={self.batch_size}, dtype={self.dtype_name!r})"

@@ -11,6 +11,13 @@ Left padding puts every text's last token at position L - 1, so pooling is one s
 every row, padded or not, as in the reference: RoPE makes attention depend only on position differences, and the
 padding keys are masked, so a text's vectors do not depend on how much padding precedes it.
 
+Prefix reuse (on by default, `prefix_reuse=False` turns it off): texts whose token ids start with most of
+another text's ids (the states of one episode: strict token prefixes, or all but a few tokens where the tokenizer
+merged across the boundary) are encoded inside that text's pass: the shared tokens once, then each member's few
+remaining tokens and its end token at the member's own positions, seeing only the shared tokens before them and
+each other (`Qwen3Model.prefix_tree`; the layout and planning are in prefix_reuse.py). The vectors equal separate
+passes up to float rounding (tests: 1e-4), so the option is not part of the fingerprint.
+
 The checkpoint directory holds `config.json`, `model.safetensors` (or a sharded index) with Qwen3's key names
 (with or without a `model.` prefix) and, for `encode`, the tokenizer files. Shared machinery (checkpoint files,
 param conversion, bucketed batching) lives in bert.py.
@@ -35,16 +42,18 @@ from rivet_jax.encoders.bert import (
     TOKENIZER_FILES,
     KeySpec,
     bucket_lengths,
+    call_jitted,
     checkpoint_digest,
     convert_checkpoint,
+    dispatch_batches,
     load_tensors,
     load_tokenizer,
-    matmul_precision,
     read_json,
     resolve_dtype,
     run_batches,
     weight_files,
 )
+from rivet_jax.encoders.prefix_reuse import ReuseRow, pack_reuse_rows, plan_reuse_rows
 
 # Bump whenever the computation changes in a way that could move vectors: it is in the fingerprint.
 QWEN3_VERSION = 1
@@ -125,18 +134,22 @@ class RMSNorm(nn.Module):
         return weight * normed.astype(self.dtype)
 
 
-def rope_tables(length: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """(L, Dh) float32 cos and sin for positions 0..L-1, in transformers' half-split (rotate_half) layout."""
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """float32 cos and sin of shape positions.shape + (Dh,), in transformers' half-split (rotate_half) layout.
+
+    positions: (L,) shared by every row, or (B, L) per row (prefix reuse places end tokens at their own positions).
+    """
     inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)  # (Dh/2,)
-    angles = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # (L, Dh/2)
-    angles = jnp.concatenate([angles, angles], axis=-1)  # (L, Dh)
+    angles = jnp.asarray(positions, jnp.float32)[..., None] * inv_freq  # (..., L, Dh/2)
+    angles = jnp.concatenate([angles, angles], axis=-1)  # (..., L, Dh)
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x, cos, sin):  # (B, L, N, Dh), (L, Dh), (L, Dh) -> (B, L, N, Dh)
+def apply_rope(x, cos, sin):  # (B, L, N, Dh), (L, Dh) or (B, L, Dh) x 2 -> (B, L, N, Dh)
     first, second = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([-second, first], axis=-1)
-    cos, sin = cos[None, :, None, :].astype(x.dtype), sin[None, :, None, :].astype(x.dtype)
+    # A head axis before Dh; a missing batch axis broadcasts.
+    cos, sin = cos[..., None, :].astype(x.dtype), sin[..., None, :].astype(x.dtype)
     return x * cos + rotated * sin
 
 
@@ -147,7 +160,7 @@ class Qwen3Layer(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, hidden, mask, cos, sin):  # (B, L, D), (B, 1, L, L) bool, (L, Dh) x 2 -> ((B, L, D), None)
+    def __call__(self, hidden, mask, cos, sin):  # (B, L, D), (B, 1, L, L) bool, (B?, L, Dh) x 2 -> ((B, L, D), None)
         config = self.config
         batch, length, _ = hidden.shape
         dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=self.dtype)
@@ -179,30 +192,53 @@ class Qwen3Layer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    """Qwen3's decoder stack: token ids and attention mask -> final-normed last hidden states."""
+    """Qwen3's decoder stack: token ids -> final-normed last hidden states, under one of two masks.
+
+    __call__: the plain causal pass with a padding mask, positions 0..L-1 for every row.
+    prefix_tree: the prefix-reuse pass, each slot at its own RoPE position under a prefix-tree mask.
+    Both run the same submodules (hence setup, not compact), so they share one params tree.
+    """
 
     config: Qwen3Config
     dtype: Any = jnp.float32
 
-    @nn.compact
-    def __call__(self, input_ids, attention_mask):  # (B, L) int, (B, L) {0, 1} -> (B, L, D)
+    def setup(self):
         config = self.config
-        length = input_ids.shape[1]
-        hidden = nn.Embed(
-            config.vocab_size, config.hidden_size, dtype=self.dtype, param_dtype=self.dtype, name="embed_tokens"
-        )(input_ids)  # (B, L, D)
-        causal = jnp.tril(jnp.ones((length, length), dtype=bool))  # (L, L)
-        mask = causal[None, None] & attention_mask.astype(bool)[:, None, None, :]  # (B, 1, L, L)
-        cos, sin = rope_tables(length, config.head_dim, config.rope_theta)
-        layers = nn.scan(
+        self.embed_tokens = nn.Embed(config.vocab_size, config.hidden_size, dtype=self.dtype, param_dtype=self.dtype)
+        self.layers = nn.scan(
             Qwen3Layer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
             length=config.num_layers,
-        )
-        hidden, _ = layers(config, self.dtype, name="layers")(hidden, mask, cos, sin)
-        return RMSNorm(config.rms_norm_eps, self.dtype, name="norm")(hidden)
+        )(config, self.dtype)
+        self.norm = RMSNorm(config.rms_norm_eps, self.dtype)
+
+    def __call__(self, input_ids, attention_mask):  # (B, L) int, (B, L) {0, 1} -> (B, L, D)
+        length = input_ids.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))  # (L, L)
+        mask = causal[None, None] & attention_mask.astype(bool)[:, None, None, :]  # (B, 1, L, L)
+        return self._stack(input_ids, mask, jnp.arange(length))
+
+    def prefix_tree(self, input_ids, positions, segments, starts):  # (B, L) int x 4 -> (B, L, D)
+        """Slot s sits at RoPE position positions[s] and sees slot j iff j < starts[s], or j <= s and
+        segments[j] == segments[s].
+
+        With the layout of prefix_reuse.pack_reuse_rows (the shared prefix as segment 0 from slot 0 with start 0,
+        then each branch's tail as its own segment, its start the number of prefix slots it shares, then padding
+        as segment -1) that is causal attention over the prefix, the shared prefix plus its own earlier tokens for
+        each tail token, and causal attention among padding slots only; every slot sees itself, so no row is
+        all-masked.
+        """
+        slots = jnp.arange(input_ids.shape[1])  # (L,)
+        shared = slots[None, None, :] < starts[:, :, None]  # (B, L, L): query slot, key slot
+        own = (segments[:, :, None] == segments[:, None, :]) & (slots[None, :, None] >= slots[None, None, :])
+        return self._stack(input_ids, (shared | own)[:, None], positions)  # mask (B, 1, L, L)
+
+    def _stack(self, input_ids, mask, positions):  # (B, L), (B, 1, L, L) bool, (L,) or (B, L) -> (B, L, D)
+        cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+        hidden, _ = self.layers(self.embed_tokens(input_ids), mask, cos, sin)  # (B, L, D)
+        return self.norm(hidden)
 
 
 def qwen3_key_specs(config: Qwen3Config) -> tuple[dict[str, KeySpec], dict[str, KeySpec]]:
@@ -273,8 +309,10 @@ class Qwen3Encoder:
     encode(texts) strips each text, prefixes `Instruct: {instruction}\\nQuery:` when an instruction is given
     (Qwen3-Embedding's query format; documents are encoded without one), tokenises, truncates to
     max_length - 1 tokens and ends every text with <|endoftext|> (appended unless the tokenizer already does),
-    then runs length-bucketed jit-compiled batches. encode_ids / hidden_states take token ids directly, which is
-    all a checkpoint without tokenizer files supports. count_tokens counts the text's tokens alone (no
+    then runs length-bucketed jit-compiled batches: with prefix_reuse (the default) one prefix-tree row per group
+    of texts sharing a host text's leading ids (see the module docstring), else one left-padded row per text.
+    encode_token_ids (what encode runs after tokenising), encode_ids and hidden_states take token ids directly,
+    which is all a checkpoint without tokenizer files supports. count_tokens counts the text's tokens alone (no
     instruction, no end token, no truncation). dtype="bfloat16" keeps params and activations in bf16 (norm
     statistics, softmax, pooling and the output in float32).
     """
@@ -289,6 +327,7 @@ class Qwen3Encoder:
         max_length: int = 8192,
         instruction: str | None = None,
         max_batch_tokens: int = 16_384,
+        prefix_reuse: bool = True,
     ):
         if batch_size < 1 or max_batch_tokens < 1 or max_length < 2:
             raise ValueError(
@@ -306,6 +345,7 @@ class Qwen3Encoder:
         self.dtype_name = dtype
         self.dtype = resolve_dtype(dtype)
         self.instruction = instruction
+        self.prefix_reuse = bool(prefix_reuse)
 
         self.config = Qwen3Config.from_dict(read_json(directory / "config.json"), str(directory / "config.json"))
         self.dim = self.config.hidden_size
@@ -322,10 +362,13 @@ class Qwen3Encoder:
         self.checkpoint_sha256 = checkpoint_digest(directory, names)
         self._buckets = bucket_lengths(self.max_length)
         self._pooled = jax.jit(functools.partial(_qwen3_pooled, self.model))
+        self._tree_pooled = jax.jit(functools.partial(_qwen3_tree_pooled, self.model))
         self._hidden = jax.jit(self.model.apply)
 
     @property
     def fingerprint(self) -> str:
+        # prefix_reuse is left out on purpose: both paths give the same vectors up to float rounding, as do
+        # different batch companions (padding) in the plain path, so caches from either path are interchangeable.
         instruction = "none" if self.instruction is None else hashlib.sha256(self.instruction.encode()).hexdigest()[:8]
         return (
             f"{self.name}-jax-v{QWEN3_VERSION}:dim={self.dim}:max_len={self.max_length}:pool=last"
@@ -377,14 +420,50 @@ class Qwen3Encoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(N, dim) float32; row i the L2-normalised embedding of texts[i]."""
-        text_list = as_text_list(texts)
-        token_ids = self.tokenize(text_list)
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._end_id
-        pooled = run_batches(
-            token_ids, self._forward, self.dim, buckets=self._buckets, batch_size=self.batch_size,
-            max_batch_tokens=self.max_batch_tokens, pad_id=pad_id, left_pad=True,
-        )
+        return self.encode_token_ids(self.tokenize(as_text_list(texts)))
+
+    def encode_token_ids(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """(N, dim) float32 L2-normalised embeddings of id lists as `tokenize` makes them (each ends with its end
+        token, at most max_length ids), in length-bucketed batches; with prefix reuse when the encoder has it on."""
+        for index, ids in enumerate(token_ids):
+            if not 1 <= len(ids) <= self.max_length:
+                raise ValueError(f"token_ids[{index}] has {len(ids)} ids; expected 1..{self.max_length}")
+        if self.prefix_reuse:
+            pooled = self._pooled_with_prefix_reuse(token_ids)
+        else:
+            pooled = run_batches(
+                token_ids, self._forward, self.dim, buckets=self._buckets, batch_size=self.batch_size,
+                max_batch_tokens=self.max_batch_tokens, pad_id=self._pad_id(), left_pad=True,
+            )
         return l2_normalise_rows(pooled).astype(np.float32)
+
+    def _pooled_with_prefix_reuse(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """(N, dim) float32 unnormalised end-token states: prefix-tree rows (plan_reuse_rows), batched by length.
+
+        The end-slot count of a batch is rounded up to a power of two, like its row count, so the compiled shapes
+        stay few (bucket x rows x slots).
+        """
+        rows = plan_reuse_rows(token_ids, self.max_length)
+
+        def pack(indices: np.ndarray, pad: int, num_rows: int) -> tuple[np.ndarray, ...]:
+            batch = [rows[i] for i in indices]
+            num_slots = 1 << (max(len(row.branches) for row in batch) - 1).bit_length()
+            return pack_reuse_rows(batch, pad, num_rows, num_slots, self._pad_id())
+
+        out = np.zeros((len(token_ids), self.dim), dtype=np.float32)  # (N, dim)
+        for indices, result in dispatch_batches(
+            [row.length for row in rows], pack, self._forward_tree,
+            buckets=self._buckets, batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens,
+        ):
+            for row_index, states in zip(indices, result):  # states (S, dim)
+                scatter_members(out, rows[row_index], states)
+        return out
+
+    def _pad_id(self) -> int:
+        """Padding never reaches a vector, so any id serves; the tokenizer's pad, else the end token, else 0."""
+        if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
+            return int(self.tokenizer.pad_token_id)
+        return 0 if self._end_id is None else int(self._end_id)
 
     def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, dim) float32 L2-normalised last-token embeddings of (B, L) token ids, as given (no bucketing).
@@ -395,23 +474,36 @@ class Qwen3Encoder:
 
     def hidden_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         """(B, L, D) float32 final-normed hidden states of (B, L) token ids; padded positions are meaningless."""
-        with jax.default_matmul_precision(matmul_precision(self.dtype)):
-            hidden = self._hidden(
-                {"params": self.params}, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32)
-            )
+        hidden = call_jitted(self._hidden, {"params": self.params}, self.dtype, input_ids, attention_mask)
         return np.asarray(hidden, dtype=np.float32)
 
     def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
-        with jax.default_matmul_precision(matmul_precision(self.dtype)):
-            return self._pooled(self.params, jnp.asarray(input_ids, jnp.int32), jnp.asarray(attention_mask, jnp.int32))
+        return call_jitted(self._pooled, self.params, self.dtype, input_ids, attention_mask)
+
+    def _forward_tree(self, *arrays: np.ndarray) -> jax.Array:  # pack_reuse_rows' five arrays -> (R, S, D)
+        return call_jitted(self._tree_pooled, self.params, self.dtype, *arrays)
 
     def __repr__(self) -> str:
         return (
             f"Qwen3Encoder(path={str(self.path)!r}, batch_size={self.batch_size}, dtype={self.dtype_name!r}, "
-            f"max_length={self.max_length}, instruction={self.instruction!r})"
+            f"max_length={self.max_length}, instruction={self.instruction!r}, prefix_reuse={self.prefix_reuse})"
         )
 
 
 def _qwen3_pooled(model: Qwen3Model, params: dict, input_ids, attention_mask):  # -> (B, D) float32
     hidden = model.apply({"params": params}, input_ids, attention_mask)  # (B, L, D)
     return last_token_pool(hidden, attention_mask)
+
+
+def _qwen3_tree_pooled(model: Qwen3Model, params: dict, input_ids, positions, segments, starts, end_slots):
+    # (B, L) x 4, (B, S) -> (B, S, D) float32: only the end slots leave the device.
+    hidden = model.apply(
+        {"params": params}, input_ids, positions, segments, starts, method=Qwen3Model.prefix_tree
+    )  # (B, L, D)
+    return jnp.take_along_axis(hidden, end_slots[:, :, None], axis=1).astype(jnp.float32)
+
+
+def scatter_members(out: np.ndarray, row: ReuseRow, states: np.ndarray) -> None:
+    """Write branch k's end-token state states[k] (of (S, D)) into out[i] for every input index i it stands for."""
+    for branch, state in zip(row.branches, states):
+        out[list(branch.members)] = state
