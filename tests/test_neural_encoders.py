@@ -324,3 +324,37 @@ def test_qwen3_bfloat16_is_close_and_returns_float32(qwen3_tiny, qwen3_reference
         encoder.encode(["text"])
     with pytest.raises(ValueError, match="dtype must be one of"):
         Qwen3Encoder(str(QWEN3_TINY), dtype="float64")
+
+
+SHARDED_ENCODER_SCRIPT = """
+import json, sys
+import jax
+import numpy as np
+from rivet_jax.encoders.qwen3 import Qwen3Encoder
+
+assert jax.local_device_count() == 4
+fixture = sys.argv[1]
+reference = json.load(open(fixture + "/reference.json"))
+encoder = Qwen3Encoder(fixture)
+assert len(jax.tree.leaves(encoder.params)[0].sharding.device_set) == 4  # weights on every device
+ids, mask = np.array(reference["input_ids"]), np.array(reference["attention_mask"])  # 4 rows: one per device
+pooled = encoder.encode_ids(ids, mask)
+worst = float(np.max(np.abs(pooled - np.array(reference["pooled_normalized"]))))
+assert worst < 1e-5, worst
+print("ok", worst)
+"""
+
+
+@needs_qwen3_tiny
+def test_encoder_pass_splits_batches_over_local_devices_with_the_same_vectors(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "-c", SHARDED_ENCODER_SCRIPT, str(QWEN3_TINY)], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ok")

@@ -33,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rivet_jax.encoders.base import as_text_list, l2_normalise_rows
 
@@ -322,10 +323,30 @@ def run_batches(
     return out
 
 
+def local_mesh() -> Mesh:
+    """This host's devices on one `data` axis: the encoder pass splits its batches' rows over them."""
+    return Mesh(np.array(jax.local_devices()), ("data",))
+
+
+def place_params(params: Any) -> Any:
+    """The encoder's weights on the device, or copied once to every local device when there are several."""
+    if jax.local_device_count() == 1:
+        return jax.device_put(params)
+    return jax.device_put(params, NamedSharding(local_mesh(), PartitionSpec()))
+
+
 def call_jitted(function: Callable[..., jax.Array], params: Any, dtype: Any, *int_arrays: np.ndarray) -> jax.Array:
-    """function(params, *arrays as int32) under the matmul precision `dtype` asks for (see matmul_precision)."""
+    """function(params, *arrays as int32) under the matmul precision `dtype` asks for (see matmul_precision).
+
+    With several local devices a batch whose rows divide evenly is split over them by rows (data parallel: each
+    text's vector is computed on one device, so the results do not change); other batches run replicated.
+    """
+    devices = jax.local_device_count()
+    arrays = [np.asarray(array, np.int32) for array in int_arrays]
+    if devices > 1 and arrays[0].shape[0] % devices == 0:
+        arrays = jax.device_put(arrays, NamedSharding(local_mesh(), PartitionSpec("data")))
     with jax.default_matmul_precision(matmul_precision(dtype)):
-        return function(params, *(jnp.asarray(array, jnp.int32) for array in int_arrays))
+        return function(params, *(jnp.asarray(array) for array in arrays))
 
 
 def matmul_precision(dtype: Any) -> str:
@@ -588,7 +609,7 @@ class BertEncoder:
         self.tokenizer = load_tokenizer(directory)
         self.model = BertModel(self.config, self.dtype)
         tensors = load_tensors(files)
-        self.params = jax.device_put(bert_params_from_tensors(tensors, self.config, self.dtype))
+        self.params = place_params(bert_params_from_tensors(tensors, self.config, self.dtype))
         del tensors
         names = [*TOKENIZER_FILES, *BERT_CONFIG_FILES, *(f.name for f in files)]
         self.checkpoint_sha256 = checkpoint_digest(directory, names)

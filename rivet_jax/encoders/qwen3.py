@@ -48,6 +48,7 @@ from rivet_jax.encoders.bert import (
     dispatch_batches,
     load_tensors,
     load_tokenizer,
+    place_params,
     read_json,
     resolve_dtype,
     run_batches,
@@ -356,7 +357,7 @@ class Qwen3Encoder:
         self._end_id, self._appends_end = self._end_token() if self.tokenizer is not None else (None, False)
         self.model = Qwen3Model(self.config, self.dtype)
         tensors = load_tensors(files)
-        self.params = jax.device_put(qwen3_params_from_tensors(tensors, self.config, self.dtype))
+        self.params = place_params(qwen3_params_from_tensors(tensors, self.config, self.dtype))
         del tensors
         names = [*TOKENIZER_FILES, *QWEN3_CONFIG_FILES, *(f.name for f in files)]
         self.checkpoint_sha256 = checkpoint_digest(directory, names)
