@@ -47,13 +47,13 @@ def build_bert_encoder(config: Any) -> Encoder:
 
 
 def build_qwen3_encoder(config: Any) -> Encoder:
-    from rivet_jax.encoders.qwen3 import Qwen3Encoder
+    from rivet_jax.encoders.qwen3 import DEFAULT_MAX_LENGTH, Qwen3Encoder
 
     return Qwen3Encoder(
         path=config_value(config, "path") or None,
         batch_size=config_value(config, "batch_size", 16),
         dtype=config_value(config, "dtype", "float32"),
-        max_length=config_value(config, "max_length", 8192),
+        max_length=config_value(config, "max_length", DEFAULT_MAX_LENGTH),
         instruction=config_value(config, "instruction") or None,
         max_batch_tokens=config_value(config, "max_batch_tokens", 16_384),
         # Equal vectors either way (not in the fingerprint); off only to compare or to time the plain path.

@@ -60,6 +60,9 @@ from rivet_jax.encoders.prefix_reuse import ReuseRow, pack_reuse_rows, plan_reus
 QWEN3_VERSION = 1
 # Qwen3-Embedding ends every input with this token and pools its hidden state.
 END_OF_TEXT = "<|endoftext|>"
+# The serialization budget (16,384 tokens, App. B.3) plus room for an instruction and the end token: a default
+# state is never truncated (truncation would drop its newest turns, which are at the end).
+DEFAULT_MAX_LENGTH = 16_384 + 512
 QWEN3_CONFIG_FILES = ("config.json", "generation_config.json", "config_sentence_transformers.json")
 
 
@@ -325,7 +328,7 @@ class Qwen3Encoder:
         path: str,
         batch_size: int = 16,
         dtype: str = "float32",
-        max_length: int = 8192,
+        max_length: int = DEFAULT_MAX_LENGTH,
         instruction: str | None = None,
         max_batch_tokens: int = 16_384,
         prefix_reuse: bool = True,
