@@ -1,4 +1,5 @@
-r"""Benchmarks the MC and TD+CQL updates at the paper's sizes and the full offline training's wall time.
+r"""Benchmarks the MC and TD+CQL updates at the paper's sizes (against an eager PyTorch port when torch is installed),
+the full offline training's wall time, routing latency, encoders and scaling curves.
 
   python -m launch.benchmark --config=configs/default.py --output=/tmp/rivet_bench.json
 
@@ -16,12 +17,18 @@ _TRANSITIONS = flags.DEFINE_integer("transitions", benchmark.PAPER_TRANSITIONS, 
 _MODELS = flags.DEFINE_integer("models", 6, "Number of candidate models.")
 _SCALING = flags.DEFINE_bool("scaling", True, "Also measure scaling curves (batch, candidates, corpus size).")
 _ENCODERS = flags.DEFINE_bool("encoders", True, "Also measure frozen-encoder throughput.")
+_PREFIX_REUSE = flags.DEFINE_bool("prefix_reuse", True, "Also measure Qwen3 prefix reuse on the MINT logs (skipped "
+                                  "when --mint_dir or --qwen3_fixture is absent).")
+_MINT = flags.DEFINE_string("mint_dir", "../shared/mint", "MINT logs for the prefix-reuse measurement.")
+_QWEN3_FIXTURE = flags.DEFINE_string("qwen3_fixture", "../shared/fixtures/qwen3_tiny",
+                                     "Tiny Qwen3 checkpoint timing the prefix-reuse paths.")
 
 
 def main(argv):
     del argv
     result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value,
-                                     scaling=_SCALING.value, encoders=_ENCODERS.value)
+                                     scaling=_SCALING.value, encoders=_ENCODERS.value,
+                                     prefix_reuse=(_MINT.value, _QWEN3_FIXTURE.value) if _PREFIX_REUSE.value else None)
     print(benchmark.format_table(result))
     benchmark.write_json(result, _OUTPUT.value)
     print(f"wrote {_OUTPUT.value}")

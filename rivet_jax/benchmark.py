@@ -8,6 +8,7 @@ M = 6 candidates, 7,492 transitions by default), fed to exactly the update and e
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -206,13 +207,19 @@ def _routing_latency(config, net, tx, data, pool, calls: int = 2000, batch: int 
             "batched_decisions_per_s": batched, "batch": batch}
 
 
-def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
-    """Texts per second of the hashing and (when its package is installed) the JAX MiniLM encoder, warm."""
-    from rivet_jax.encoders import HashingEncoder, make_encoder
-
+def _synthetic_texts(num_texts: int = 200, words: int = 30) -> list[str]:
     rng = np.random.default_rng(0)
     vocabulary = [f"word{i}" for i in range(2000)]
-    texts = [" ".join(rng.choice(vocabulary, words)) for _ in range(num_texts)]
+    return [" ".join(rng.choice(vocabulary, words)) for _ in range(num_texts)]
+
+
+def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
+    """Texts per second of the hashing and (when its package is installed) the JAX MiniLM encoder, warm; with torch
+    and sentence-transformers installed, the reference MiniLM on the same texts beside them."""
+    from rivet_jax import torch_reference
+    from rivet_jax.encoders import HashingEncoder, make_encoder
+
+    texts = _synthetic_texts(num_texts, words)
     encoders = {"hashing": HashingEncoder(dim=1024)}
     try:
         encoders["minilm"] = make_encoder({"name": "minilm"})
@@ -228,7 +235,23 @@ def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
         started = time.perf_counter()
         encoder.encode(texts)
         result[name] = {"texts_per_s": num_texts / (time.perf_counter() - started), "words_per_text": words}
+    result["minilm_sentence_transformers"] = torch_reference.reference_minilm_throughput(texts)
     return result
+
+
+def _torch_reference(config, data, pool, steps: int, jax_rates: dict) -> dict:
+    """The eager PyTorch port of the same update (rivet_jax/torch_reference.py) on the same data, when torch is
+    installed: steps/s with torch's default threads and with one, and JAX's rates over them."""
+    from rivet_jax import torch_reference
+
+    reason = torch_reference.missing_reason("torch")
+    if reason is not None:
+        return {"skipped": reason}
+    default = torch_reference.benchmark_update(config, data, pool, steps=steps, stage="td")
+    one_thread = torch_reference.benchmark_update(config, data, pool, steps=steps, stage="td", threads=1)
+    return {"default_threads": default, "one_thread": one_thread,
+            "jax_jit_per_step_over_torch": jax_rates["jit_per_step"] / default["steps_per_s"],
+            "jax_scan_over_torch": jax_rates["scan"] / default["steps_per_s"]}
 
 
 def _scaling(config, batch_sizes=(16, 32, 64, 128, 256), candidates=(6, 16, 32, 64),
@@ -296,8 +319,8 @@ def plot_scaling(scaling: dict, path: str | Path) -> None:
 
 def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPER_TRANSITIONS,
                   num_models: int = 6, single_steps: int = 200, scaling: bool = False,
-                  encoders: bool = False) -> dict:
-    """Measures everything; returns a JSON-ready dict."""
+                  encoders: bool = False, prefix_reuse: tuple[str, str] | None = None) -> dict:
+    """Measures everything; returns a JSON-ready dict. `prefix_reuse`: (MINT logs, tiny Qwen3 fixture) dirs."""
     pool = synthetic_pool(num_models)
     data = synthetic_data(num_transitions, config.encoder.dim, pool, seed=config.seed)
     net, tx = make_network(config), make_optimizer(config)
@@ -318,11 +341,26 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
     result["td_update"] = {"flops": analytic, "flops_per_s": analytic * scan_rate,
                            "fraction_of_matmul": analytic * scan_rate / result["matmul_flops_per_s"],
                            "xla_flops": xla, "xla_fraction_of_matmul": xla * scan_rate / result["matmul_flops_per_s"]}
+    result["torch_reference"] = _torch_reference(config, data, pool, single_steps, {
+        "jit_per_step": result["single_step"]["td"]["steps_per_s"], "scan": scan_rate})
     if encoders:
         result["encoders"] = _encoder_throughput()
+    if prefix_reuse is not None:
+        result["prefix_reuse"] = _prefix_reuse(*prefix_reuse)
     if scaling:
         result["scaling"] = _scaling(config)
+    result["load_average_after"] = os.getloadavg()  # other work on the machine skews every rate above
     return result
+
+
+def _prefix_reuse(mint_dir: str, fixture_dir: str) -> dict:
+    """Qwen3 prefix reuse on the MINT logs (rivet_jax/encoders/prefix_reuse.py), when both directories exist."""
+    from rivet_jax.encoders.prefix_reuse import prefix_reuse_report
+
+    missing = [d for d in (mint_dir, fixture_dir) if not Path(d).is_dir()]
+    if missing:
+        return {"skipped": f"not found: {', '.join(missing)}"}
+    return prefix_reuse_report(mint_dir, fixture_dir)
 
 
 def format_table(result: dict) -> str:
@@ -347,9 +385,11 @@ def format_table(result: dict) -> str:
              f"p99 {result['routing']['p99_us']:.0f} us; state embedding given, all candidates scored"),
             ("routing, batched", f"{result['routing']['batched_decisions_per_s']:.0f} decisions/s",
              f"batches of {result['routing']['batch']}")]
+    rows += _torch_rows(result["torch_reference"])
     for name, row in result.get("encoders", {}).items():
         rows.append((f"encoder {name}", f"{row['texts_per_s']:.0f} texts/s" if "texts_per_s" in row else "skipped",
                      f"{row.get('words_per_text', '')} words per text" if "texts_per_s" in row else row["skipped"]))
+    rows += _prefix_reuse_rows(result.get("prefix_reuse"))
     for name, points in result.get("scaling", {}).items():
         rows.append((f"scaling: {name.replace('_', ' ')}",
                      " ".join(f"{p['x']}:{p['steps_per_s']:.0f}" for p in points), "x: TD+CQL steps/s"))
@@ -359,6 +399,36 @@ def format_table(result: dict) -> str:
               f"batch {sizes['batch']}")
     width = max(len(r[0]) for r in rows)
     return "\n".join([header] + [f"  {name:<{width}}  {value:>16}  {note}" for name, value, note in rows])
+
+
+def _torch_rows(torch_result: dict) -> list[tuple[str, str, str]]:
+    if "skipped" in torch_result:
+        return [("TD+CQL update, PyTorch eager", "skipped", torch_result["skipped"])]
+    default, one = torch_result["default_threads"], torch_result["one_thread"]
+    return [("TD+CQL update, PyTorch eager", f"{default['steps_per_s']:.0f} steps/s",
+             f"torch {default['torch']}, {default['threads']} threads ({one['steps_per_s']:.0f} steps/s on 1); "
+             f"JAX is {torch_result['jax_jit_per_step_over_torch']:.2f}x (jit per step), "
+             f"{torch_result['jax_scan_over_torch']:.2f}x (lax.scan epoch)")]
+
+
+def _prefix_reuse_rows(report: dict | None) -> list[tuple[str, str, str]]:
+    if report is None:
+        return []
+    if "skipped" in report:
+        return [("Qwen3 prefix reuse on MINT", "skipped", report["skipped"])]
+    rows = []
+    for tokenizer, counts in report["corpus"].items():
+        tails = next(v for k, v in counts.items() if k.startswith("tails_up_to"))
+        rows.append((f"Qwen3-0.6B prefix reuse, {tokenizer}", f"{tails['flop_ratio']:.2f}x fewer FLOPs",
+                     f"{counts['flops_separate'] / 1e15:.2f} -> {tails['flops'] / 1e15:.2f} PFLOP, "
+                     f"{counts['tokens_separate']:,} -> {tails['tokens']:,} tokens over {counts['distinct_texts']:,} "
+                     f"MINT states (strict prefixes only: {counts['strict_prefixes']['flop_ratio']:.2f}x)"))
+    if "timing" in report:
+        timing = report["timing"]
+        rows.append(("prefix reuse, wall time (tiny model)", f"{timing['speedup_second_call']:.2f}x faster",
+                     f"{timing['separate_second_call_s']:.2f}s -> {timing['prefix_reuse_second_call_s']:.2f}s on "
+                     f"{timing['episodes']} episodes' states; max abs difference {timing['max_abs_difference']:.1e}"))
+    return rows
 
 
 def write_json(result: dict, path: str | Path) -> None:
