@@ -115,10 +115,31 @@ def init_params(net: RivetNet, key: jax.Array, state_dim: int, cards) -> dict:
     return _jit_init(net, key, jnp.zeros((1, state_dim), jnp.float32), cards)
 
 
+# flax's Dense default, LeCun normal: a normal truncated to +-2 std, rescaled to variance 1 / fan_in.
+_TRUNCATED_NORMAL_STD = 0.87962566103423978  # std of a standard normal truncated to [-2, 2]
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _jit_init(net: RivetNet, key: jax.Array, h: jax.Array, cards) -> dict:
-    # One compiled call instead of a few hundred eagerly dispatched (and separately compiled) small ops.
-    return net.init(key, h, cards, jnp.zeros((1,), jnp.int32), h)["params"]
+    """flax's default initialisation (LeCun-normal Dense kernels, zero biases, unit LayerNorm scales), with every
+    kernel cut from one truncated-normal draw: XLA compiles each random draw separately (about 35 ms apiece on a
+    CPU), so one draw instead of one per kernel saves about a second of every run's start."""
+    shapes = jax.eval_shape(net.init, key, h, cards, jnp.zeros((1,), jnp.int32), h)["params"]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+    kernels = [leaf for path, leaf in leaves if path[-1].key == "kernel"]
+    draw = jax.random.truncated_normal(key, -2.0, 2.0, (sum(k.size for k in kernels),), jnp.float32)
+    values, offset = [], 0
+    for path, leaf in leaves:
+        name = path[-1].key
+        if name == "kernel":  # (fan_in, fan_out)
+            part = draw[offset:offset + leaf.size].reshape(leaf.shape)
+            values.append(part / (_TRUNCATED_NORMAL_STD * jnp.sqrt(jnp.float32(leaf.shape[0]))))
+            offset += leaf.size
+        elif name in ("bias", "scale"):
+            values.append(jnp.full(leaf.shape, 1.0 if name == "scale" else 0.0, leaf.dtype))
+        else:
+            raise ValueError(f"no initialiser for parameter {jax.tree_util.keystr(path)} (Dense and LayerNorm only)")
+    return jax.tree_util.tree_unflatten(treedef, values)
 
 
 def rve_params(params: dict) -> dict:

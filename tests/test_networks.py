@@ -72,3 +72,27 @@ def test_rive_gradient_reaches_the_shared_representation(setup):
     norm = lambda tree: float(sum(jnp.sum(x**2) for x in jax.tree.leaves(tree)))
     assert norm(grads["state_adapter"]) > 0 and norm(grads["card_projector"]) > 0
     assert norm(grads["route_head"]) == 0
+
+
+def test_initialisation_is_flax_default_distribution_from_one_draw():
+    """Same tree and shapes as flax's own init; LeCun-normal kernels (variance 1 / fan_in, a normal truncated at +-2),
+    zero biases, unit LayerNorm scales; kernels independent of each other."""
+    net = make_network(default.get_config())
+    d, m, f = 1024, 6, 3
+    cards = (jnp.zeros((m, d)), jnp.zeros((m, f)), jnp.ones((m, f)))
+    params = init_params(net, jax.random.key(1), d, cards)
+    reference = net.init(jax.random.key(1), jnp.zeros((1, d)), cards, jnp.zeros((1,), jnp.int32),
+                         jnp.zeros((1, d)))["params"]
+    assert jax.tree.map(jnp.shape, params) == jax.tree.map(jnp.shape, reference)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    kernels = [np.asarray(leaf) for path, leaf in flat if path[-1].key == "kernel"]
+    for path, leaf in flat:
+        leaf = np.asarray(leaf)
+        if path[-1].key == "kernel" and leaf.size >= 8192:  # enough samples for a 5% check of the spread
+            std = 1 / np.sqrt(leaf.shape[0])
+            assert abs(leaf.std() / std - 1) < 0.05, (path, leaf.std(), std)
+            assert np.abs(leaf).max() <= 2 * std / 0.8796 + 1e-6  # +-2 before rescaling to unit variance
+        elif path[-1].key != "kernel":
+            assert np.all(leaf == (1.0 if path[-1].key == "scale" else 0.0)), path
+    first, second = kernels[0].ravel()[:1000], kernels[1].ravel()[:1000]
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.15  # distinct slices of the draw, not one repeated
