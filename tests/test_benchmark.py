@@ -56,3 +56,17 @@ def test_analytic_update_flops_match_the_matmuls_jax_traces():
         traced = jax.make_jaxpr(make_update(net, tx, config, stage))(state, batch, data.cards())
         expected = _dot_flops(traced.jaxpr)
         assert benchmark.update_matmul_flops(config, 3, int(data.card_x.shape[1]), stage) == expected, stage
+
+
+def test_scaling_curves_measure_every_point_and_clean_up(tmp_path):
+    config = default.get_config("tiny")
+    scaling = benchmark._scaling(config, batch_sizes=(8, 16), candidates=(3,), corpus_sizes=(100,),
+                                 disk_corpus_sizes=(100, 300), steps=4, directory=tmp_path)
+    assert [p["x"] for p in scaling["batch_size"]] == [8, 16]
+    disk = scaling["corpus_size_memory_mapped"]
+    assert [p["x"] for p in disk] == [100, 300] and all(p["steps_per_s"] > 0 for p in disk)
+    table_bytes = (2 * 300 + 6) * config.encoder.dim * 4 + 128  # (states + responses + cards) x dim float32, header
+    assert round(disk[1]["table_gb"] * 1e9) == table_bytes
+    assert not list(tmp_path.iterdir())  # the memory-mapped tables were deleted
+    benchmark.plot_scaling(scaling, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").stat().st_size > 0
