@@ -26,15 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, evaluation
+from rivet_jax import checkpointing, evaluation, sharding
 from rivet_jax.data.replay import discounted_returns, turn_rewards
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.envs.base import RouterPolicy, run_episode
 from rivet_jax.networks import make_network
 from rivet_jax.router import Router
-from rivet_jax.train import (PreparedData, TrainData, TrainState, apply_gradients, batch_loss, checkpoint_meta,
-                             from_saveable, gather_batch, init_train_state, make_optimizer, prepare_data, saveable,
-                             stored_c_ref, template_state)
+from rivet_jax.train import (PreparedData, TrainData, TrainState, checkpoint_meta, from_saveable, gather_batch,
+                             init_train_state, make_optimizer, make_update, prepare_data, saveable, stored_c_ref,
+                             template_state)
 
 STAGE, PROGRESS = "online", "online_progress"
 
@@ -74,10 +74,12 @@ def episode_rows(episode, router: Router, lam: float, gamma: float, c_ref: float
 # ---------------------------------------------------------------------------------------------------- update
 
 
-def make_online_update(net, tx, config) -> Callable:
-    """jit'ed (state, logged, new, num_new) -> (state, metrics): one TD+CQL step on a half-logged, half-new batch."""
+def make_online_update(net, tx, config, mesh=None) -> Callable:
+    """jit'ed (state, logged, new, num_new) -> (state, metrics): one TD+CQL step on a half-logged, half-new batch.
+
+    With a multi-device `mesh` the batch is split over its devices (state and both replays replicated)."""
     half = config.optim.batch_size // 2
-    loss_fn = functools.partial(batch_loss, net=net, config=config, stage="td")
+    step = make_update(net, tx, config, "td")
 
     @functools.partial(jax.jit, donate_argnums=0)
     def update(state: TrainState, logged: TrainData, new: dict, num_new: jax.Array):
@@ -87,9 +89,9 @@ def make_online_update(net, tx, config) -> Callable:
         new_idx = jax.random.randint(key_new, (half,), 0, num_new)
         logged_batch = gather_batch(logged, logged_idx)
         batch = {k: jnp.concatenate([v, new[k][new_idx]]) for k, v in logged_batch.items()}
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
-                                                                        logged.cards())
-        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
+        if mesh is not None and mesh.size > 1:
+            batch = sharding.shard_batch(batch, mesh)
+        return step(state, batch, logged.cards())
 
     return update
 
@@ -190,7 +192,12 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
         best, _ = best_ckpt.restore(saveable(template))
         return from_saveable(best)
 
-    update = make_online_update(net, tx, config)
+    mesh = sharding.make_mesh(config.devices)
+    sharding.check_divisible(config.optim.batch_size, mesh)
+    if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
+        state, replay = sharding.replicate(state, mesh), sharding.replicate(replay, mesh)
+        prepared = dataclasses.replace(prepared, data=sharding.replicate(prepared.data, mesh))
+    update = make_online_update(net, tx, config, mesh)
     order = task_order(env, config)
     lam, gamma = config.reward.lam, config.reward.gamma
 

@@ -2,10 +2,11 @@
 
 - The same tiny training on 8 simulated CPU devices (device-resident and host-fed from a memory-mapped table) and
   on 1 reaches the same parameters, and a checkpoint saved on 8 devices restores (and routes) on 1.
+- Every stage, online adaptation included, runs on 8 devices; an online update there equals the 1-device one.
 - Two processes of two devices each (a real multi-host run over gloo) train on their own replay slices and end
   with the parameters of the same global batches computed here in one process.
 
-Both run in subprocesses so that the forced device counts never leak into the rest of the suite.
+They run in subprocesses so that the forced device counts never leak into the rest of the suite.
 """
 
 import os
@@ -61,6 +62,47 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+ONLINE_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from configs import routesim
+    from rivet_jax import online, pipelines, sharding, train
+    from rivet_jax.networks import make_network
+    from rivet_jax.pipelines import with_overrides
+
+    workdir = sys.argv[1]
+    config = routesim.get_config("tiny")
+    config = pipelines.training_config(config, pipelines.collect(config, workdir))
+    config = with_overrides(config, {"devices": 8, "stage": "all"})
+    train.train(config, f"{workdir}/d8")  # every stage, the online one included, on 8 devices
+    assert online.read_progress(f"{workdir}/d8")["finished"]
+
+    # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
+    prepared = train.prepare_data(config, f"{workdir}/d8")
+    net, tx = make_network(config), train.make_optimizer(config)
+    replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
+    rows = train.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
+    new = {k: jnp.concatenate([rows[k], v[40:]]) for k, v in replay.items()}  # 40 new transitions
+    params = {}
+    for devices in (8, 1):
+        mesh = sharding.make_mesh(devices)
+        start = train.template_state(config, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
+        data, buffer = prepared.data, new
+        if devices > 1:
+            start, data, buffer = (sharding.replicate(x, mesh) for x in (start, data, buffer))
+        update = online.make_online_update(net, tx, config, mesh)
+        for _ in range(3):
+            start, _ = update(start, data, buffer, jnp.int32(40))
+        params[devices] = jax.tree.leaves(start.params)
+    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(params[8], params[1]))
+    print("online max abs difference", worst)
+    assert worst < 1e-5, worst
+    print("ok")
+""")
+
+
 def _cpu_env(devices: int) -> dict:
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
             "PYTHONPATH": str(REPO)}
@@ -69,6 +111,14 @@ def _cpu_env(devices: int) -> dict:
 @pytest.mark.slow
 def test_eight_devices_match_one_and_checkpoints_move_between_them(tmp_path):
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, env=_cpu_env(8),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "ok" in result.stdout
+
+
+@pytest.mark.slow
+def test_online_stage_runs_data_parallel_and_its_update_matches_one_device(tmp_path):
+    result = subprocess.run([sys.executable, "-c", ONLINE_SCRIPT, str(tmp_path)], cwd=REPO, env=_cpu_env(8),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ok" in result.stdout
