@@ -43,7 +43,12 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     started by hand) give all three. CPU hosts exchange gradients over gloo.
     """
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address or None, num_processes=num_processes,
-                               process_id=process_id)
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address or None, num_processes=num_processes,
+                                   process_id=process_id)
+    except ValueError as error:  # no cluster found and not all of the three flags given
+        logging.error("--multihost: %s Outside TPU VMs, Slurm and Open MPI give --coordinator_address=HOST:PORT "
+                      "(process 0's), --num_processes and --process_id on every host.", error)
+        sys.exit(1)
     logging.info("process %d of %d: %d local devices, %d in all (%s)", jax.process_index(), jax.process_count(),
                  jax.local_device_count(), jax.device_count(), jax.default_backend())
