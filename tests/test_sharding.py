@@ -108,20 +108,21 @@ def _cpu_env(devices: int) -> dict:
             "PYTHONPATH": str(REPO)}
 
 
-@pytest.mark.slow
-def test_eight_devices_match_one_and_checkpoints_move_between_them(tmp_path):
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, env=_cpu_env(8),
+def _run_on_eight_devices(script: str, workdir) -> None:
+    result = subprocess.run([sys.executable, "-c", script, str(workdir)], cwd=REPO, env=_cpu_env(8),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ok" in result.stdout
+
+
+@pytest.mark.slow
+def test_eight_devices_match_one_and_checkpoints_move_between_them(tmp_path):
+    _run_on_eight_devices(SCRIPT, tmp_path)
 
 
 @pytest.mark.slow
 def test_online_stage_runs_data_parallel_and_its_update_matches_one_device(tmp_path):
-    result = subprocess.run([sys.executable, "-c", ONLINE_SCRIPT, str(tmp_path)], cwd=REPO, env=_cpu_env(8),
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "ok" in result.stdout
+    _run_on_eight_devices(ONLINE_SCRIPT, tmp_path)
 
 
 def _free_port() -> int:
