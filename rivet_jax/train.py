@@ -318,12 +318,17 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                           max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
                           c_ref=c_ref)
     started = time.perf_counter()
-    store = EmbeddingStore(encoder, Path(config.data.embedding_cache or workdir / "embeddings"))
+    cache_dir = Path(config.data.embedding_cache or workdir / "embeddings")
     host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see make_host_fed_epoch
-    embeddings = _host_embeddings(config, store, replay, workdir) if host_fed else store.embed(replay.texts)
+    if host_fed:
+        embeddings, how = _host_embeddings(config, encoder, cache_dir, replay), "host-fed table"
+    else:
+        store = EmbeddingStore(encoder, cache_dir)
+        embeddings = store.embed(replay.texts)
+        how = store.stats
     logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
                  len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
-                 time.perf_counter() - started, store.stats)
+                 time.perf_counter() - started, how)
     data = make_train_data(replay, embeddings, pool, on_host=host_fed)
     return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
                         skipped=len(episode_file.skipped))
@@ -335,16 +340,16 @@ def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:
                                      replay.card_text]))
 
 
-def _host_embeddings(config, store: EmbeddingStore, replay: Replay, workdir: Path) -> np.ndarray:
+def _host_embeddings(config, encoder: Encoder, cache_dir: Path, replay: Replay) -> np.ndarray:
     """The table of a host-fed run: this process's rows only (sharded encoder pass), memory-mapped from
-    `<embedding cache>/tables/` when `config.data.embeddings_on_disk`."""
+    `<cache_dir>/tables/` when `config.data.embeddings_on_disk`."""
     rows = slice_text_rows(replay, sharding.replay_slice(len(replay)))
-    directory = Path(config.data.embedding_cache or workdir / "embeddings") / "tables"
 
     def progress(done: int, total: int) -> None:
         logging.info("embedded %d/%d texts of this host's replay slice", done, total)
 
-    return host_table(store, replay.texts, rows, directory if config.data.embeddings_on_disk else None, progress)
+    return host_table(encoder, lambda: EmbeddingStore(encoder, cache_dir), replay.texts, rows,
+                      cache_dir / "tables" if config.data.embeddings_on_disk else None, progress)
 
 
 # -------------------------------------------------------------------------------------------- stage driver

@@ -186,15 +186,15 @@ def test_host_table_embeds_only_its_rows_and_reuses_the_file(tmp_path):
     rows = np.array([1, 4, 7])
     encoder = HashingEncoder(dim=32)
     store = EmbeddingStore(encoder)
-    table = host_table(store, texts, rows, tmp_path)
+    table = host_table(encoder, lambda: store, texts, rows, tmp_path)
     assert isinstance(table, np.memmap) and table.shape == (10, 32)
     np.testing.assert_array_equal(table[rows], encoder.encode([texts[r] for r in rows]))
     assert not np.any(table[[0, 2, 3, 5, 6, 8, 9]])
     files = list(tmp_path.iterdir())
     assert len(files) == 1 and files[0].suffix == ".npy"  # the temporary file was renamed, nothing else left
     again = EmbeddingStore(encoder)
-    np.testing.assert_array_equal(host_table(again, texts, rows, tmp_path), table)
+    np.testing.assert_array_equal(host_table(encoder, lambda: again, texts, rows, tmp_path), table)
     assert again.stats["encoded"] == 0  # the finished table was mapped, nothing re-encoded
-    in_memory = host_table(EmbeddingStore(encoder), texts, rows, None)
+    in_memory = host_table(encoder, lambda: EmbeddingStore(encoder), texts, rows, None)
     assert not isinstance(in_memory, np.memmap)
     np.testing.assert_array_equal(in_memory, table)

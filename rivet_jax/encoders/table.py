@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rivet_jax.encoders.base import Encoder
 from rivet_jax.encoders.store import EmbeddingStore
 
 CHUNK_TEXTS = 4096  # texts embedded and written per step: bounds the memory the pass needs
@@ -44,22 +45,26 @@ def fill_rows(store: EmbeddingStore, texts: Sequence[str], rows: np.ndarray, out
             progress(min(start + CHUNK_TEXTS, len(rows)), len(rows))
 
 
-def host_table(store: EmbeddingStore, texts: Sequence[str], rows: np.ndarray, directory: str | os.PathLike | None,
+def host_table(encoder: Encoder, open_store: Callable[[], EmbeddingStore], texts: Sequence[str], rows: np.ndarray,
+               directory: str | os.PathLike | None,
                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
     """(T, D) float32 with the embeddings of texts[rows] (other rows zero): a read-only memory map of a file in
-    `directory`, reused when it exists, or (directory None) an array in memory."""
-    shape = (len(texts), store.dim)
+    `directory`, reused when it exists, or (directory None) an array in memory.
+
+    `open_store()` (the encoder's embedding cache) is called only when rows must be embedded: opening a cache
+    reads all its shards, which a finished table makes unnecessary."""
+    shape = (len(texts), int(encoder.dim))
     if directory is None:
         table = np.zeros(shape, np.float32)  # untouched rows are never paged in
-        fill_rows(store, texts, rows, table, progress)
+        fill_rows(open_store(), texts, rows, table, progress)
         return table
-    path = Path(directory) / table_name(store.fingerprint, texts, rows)
+    path = Path(directory) / table_name(str(encoder.fingerprint), texts, rows)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
             table = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=shape)
-            fill_rows(store, texts, rows, table, progress)
+            fill_rows(open_store(), texts, rows, table, progress)
             table.flush()
             del table
             os.replace(partial, path)
