@@ -1,14 +1,15 @@
-r"""RIVET with the paper's settings (App. B.2), on the embedded demo corpus unless given logged data.
+r"""RIVET with the paper's settings (App. B.2), on your logged trajectories or, asked for, a RouteSim demo corpus.
 
-Run both offline stages (each its own run; the second resumes from the first's checkpoint):
-
-  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=mc
-  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=td
-
-or both in one go with --config.stage=offline. On your own logs:
+On your own logs, both offline stages in one go (--config.stage=offline):
 
   python -m launch.train --config=configs/default.py --workdir=/tmp/rivet_mine \
       --config.data.episodes=my_episodes.jsonl --config.data.cards=my_cards.json --config.stage=offline
+
+On the demo corpus (RouteSim's logging policies on its training tasks), each stage its own run (the second
+resumes from the first's checkpoint):
+
+  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.data.demo=True --config.stage=mc
+  python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.data.demo=True --config.stage=td
 
 The `tiny` variant (configs/default.py:tiny) is a seconds-long run for tests and smoke checks.
 """
@@ -24,7 +25,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.devices = 1  # data-parallel devices for training (0 = every visible device); batch size must divide
 
     config.data = ml_collections.ConfigDict()
-    config.data.episodes = ""       # trajectory JSONL; empty = write the demo corpus into the workdir
+    config.data.episodes = ""       # trajectory JSONL (required unless `demo`)
     config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
     config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
     config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
@@ -32,7 +33,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # on the host, so a corpus larger than memory trains. Multi-host runs always feed batches from the host.
     config.data.embeddings_on_disk = False
     config.data.host_chunk_steps = 32  # host-fed training: batches gathered and run per jit call
-    config.data.demo_episodes = 1500  # size of the demo corpus when `episodes` is empty
+    # True (and no `episodes`): collect RouteSim's logging policies (6 fixed models + a random router) on
+    # `demo_tasks` of its training tasks into <workdir>/data/, and train on that.
+    config.data.demo = False
+    config.data.demo_tasks = 200
     config.data.demo_seed = 0
 
     config.encoder = ml_collections.ConfigDict()
@@ -87,7 +91,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.online.eval_seed = 0
 
     if arg == "tiny":
-        config.data.demo_episodes = 60
+        config.data.demo_tasks = 9  # 63 episodes
         config.encoder.dim = 64
         config.max_state_tokens = 512
         config.model.hidden = 32

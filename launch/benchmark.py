@@ -9,7 +9,7 @@ Prints a table and writes the numbers as JSON (and the scaling curves as <output
 from absl import app, flags
 from ml_collections import config_flags
 
-from rivet_jax import benchmark
+from rivet_jax.bench import benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file (sizes and settings).")
 _OUTPUT = flags.DEFINE_string("output", "benchmark.json", "Where to write the JSON results.")

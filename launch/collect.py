@@ -8,7 +8,7 @@ Output: <workdir>/corpus/{episodes.jsonl, model_cards.json, summary.md, summary.
 from absl import app, flags
 from ml_collections import config_flags
 
-from rivet_jax import pipelines
+from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the corpus.")
@@ -17,7 +17,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    corpus = pipelines.collect(_CONFIG.value, _WORKDIR.value)
+    corpus = routesim.collect(_CONFIG.value, _WORKDIR.value)
     print((corpus / "summary.md").read_text(encoding="utf-8"), end="")
 
 

@@ -11,11 +11,14 @@ import jax
 
 from absl import logging
 
-from rivet_jax import checkpointing, train
+from rivet_jax import checkpointing
+from rivet_jax.corpus import NoCorpusError
 from rivet_jax.data.schema import DataError
+from rivet_jax.learner import NonFiniteLossError
 
 # Errors about the user's data, workdir or checkpoints: one clear line and exit status 1, not a traceback.
-USER_ERRORS = (DataError, checkpointing.CheckpointMismatchError, train.NonFiniteLossError, FileNotFoundError)
+USER_ERRORS = (DataError, checkpointing.CheckpointMismatchError, NonFiniteLossError, NoCorpusError,
+               FileNotFoundError)
 
 
 def run_reporting_user_errors(job: Callable[[], object]) -> object:

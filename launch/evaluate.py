@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from launch.common import run_reporting_user_errors
-from rivet_jax import pipelines
+from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for corpus, checkpoints and results.")
@@ -20,7 +20,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    run_reporting_user_errors(lambda: pipelines.run_routesim(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: routesim.run_routesim(_CONFIG.value, _WORKDIR.value))
     print((Path(_WORKDIR.value) / "evaluation.md").read_text(encoding="utf-8"))
 
 

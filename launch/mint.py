@@ -11,7 +11,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from launch.common import enable_compilation_cache, run_reporting_user_errors
-from rivet_jax import mint_experiment
+from rivet_jax.experiments import mint
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/mint.py", "MINT config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for everything the run makes.")
@@ -21,7 +21,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     enable_compilation_cache(_WORKDIR.value)
-    run_reporting_user_errors(lambda: mint_experiment.run_mint(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: mint.run_mint(_CONFIG.value, _WORKDIR.value))
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 
 

@@ -12,7 +12,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from launch.common import enable_compilation_cache, run_reporting_user_errors
-from rivet_jax import experiments
+from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for everything the run makes.")
@@ -22,7 +22,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     enable_compilation_cache(_WORKDIR.value)
-    run_reporting_user_errors(lambda: experiments.reproduce(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: routesim.reproduce(_CONFIG.value, _WORKDIR.value))
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 
 

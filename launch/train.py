@@ -12,6 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from launch.common import initialize_distributed, run_reporting_user_errors
+from rivet_jax import online  # noqa: F401  (importing it registers the 'online' stage with train)
 from rivet_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py[:variant]).",

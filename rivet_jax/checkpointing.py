@@ -19,6 +19,7 @@ import orbax.checkpoint as ocp
 from rivet_jax.data.schema import ModelPool
 
 FORMAT_VERSION = 1
+ROUTER_STAGES = ("mc", "td", "online")  # every stage whose checkpoint is a router, in training order
 
 
 class CheckpointMismatchError(ValueError):
@@ -58,6 +59,16 @@ class StageCheckpoints:
         restored = self._manager.restore(epoch, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(like_state), meta=ocp.args.JsonRestore()))
         return restored["state"], restored["meta"]
+
+    def restore_params(self, like_params: Any, epoch: int | None = None) -> tuple[Any, dict]:
+        """Only the network parameters of `epoch` (default: the latest), shaped like `like_params` (arrays or
+        `jax.ShapeDtypeStruct`s), and the meta: what a router needs, without the optimizer that trained them."""
+        epoch = self._existing(epoch)
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = {"params": abstract_tree(like_params, device)}
+        restored = self._manager.restore(epoch, args=ocp.args.Composite(
+            state=ocp.args.PyTreeRestore(item=target, partial_restore=True), meta=ocp.args.JsonRestore()))
+        return restored["state"]["params"], restored["meta"]
 
     def close(self) -> None:
         self._manager.close()

@@ -1,5 +1,11 @@
-"""RIVET's losses (Eq. 7-11), written per example in the rlax style and batched with `jax.vmap` where used.
+"""RIVET's losses (Eq. 7-11): every equation of Sec. 4.2 is one function here.
 
+    Eq. 7       fit                 both estimators regress to one target (Huber)
+    Eq. 8-9     double_dqn_target   the online RVE picks m*_{t+1}, the target network values it
+    Eq. 10      cql                 logsumexp over available candidates minus the logged action's value
+    Eq. 11      rivet_loss          a batch's loss: fit(G_t) in the MC stage, fit(Y_t) + alpha CQL in TD
+
+The per-example functions are written in the rlax style and batched with `jax.vmap` (`batched_*`).
 Names: `_t` is the logged turn, `_tp1` the next state. Availability is a boolean mask over the M candidates, used
 for every max, argmax and logsumexp, so an unavailable model never supplies a target or absorbs probability mass.
 """
@@ -9,6 +15,9 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+
+from rivet_jax.data.replay import Batch
+from rivet_jax.networks import RivetNet
 
 Array = chex.Array
 
@@ -59,3 +68,31 @@ def cql(q_t: Array, a_t: Array, available_t: Array) -> Array:
 batched_fit = jax.vmap(fit, in_axes=(0, 0, 0, None, None))
 batched_double_dqn_target = jax.vmap(double_dqn_target, in_axes=(0, 0, None, 0, 0, 0))
 batched_cql = jax.vmap(cql)
+
+
+def rivet_loss(params, target_params, batch: Batch, cards, *, net: RivetNet, config, stage: str):
+    """Eq. 11 on a batch, and its metrics: L_MC = fit(G_t) (`stage` 'mc'), L_TD = fit(Y_t) + alpha CQL ('td').
+
+    `cards` = (e_m (M, D), x_m (M, F), mask (M, F)); `config.loss` sets beta, alpha, delta and the zero-response
+    ablation, `config.reward.gamma` the discount.
+    """
+    e_o = jnp.zeros_like(batch.e_o) if config.loss.zero_response else batch.e_o
+    q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o,
+                              method=RivetNet.q_both)                                              # (B, M), (B,)
+    if stage == "mc":
+        target = batch.mc_return
+    else:
+        q_tp1_online = net.apply({"params": params}, batch.h_tp1, cards, method=RivetNet.q_route)         # (B, M)
+        q_tp1_target = net.apply({"params": target_params}, batch.h_tp1, cards, method=RivetNet.q_route)  # (B, M)
+        # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
+        target = batched_double_dqn_target(batch.reward, batch.done, config.reward.gamma,
+                                           jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)
+    q_taken = jnp.take_along_axis(q_all, batch.action[:, None], axis=1)[:, 0]  # (B,)
+    fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, config.loss.beta, config.loss.huber_delta))
+    cql_loss = jnp.zeros(()) if stage == "mc" else jnp.mean(batched_cql(q_all, batch.action, batch.available))
+    loss = fit_loss + config.loss.alpha * cql_loss
+    available_q = jnp.where(batch.available, q_all, jnp.nan)
+    metrics = {"loss": loss, "fit": fit_loss, "cql": cql_loss, "q_taken": jnp.mean(q_taken),
+               "q_resp": jnp.mean(q_resp), "q_mean": jnp.nanmean(available_q),
+               "q_max": jnp.mean(jnp.nanmax(available_q, axis=1)), "target": jnp.mean(target)}
+    return loss, metrics

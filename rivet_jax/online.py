@@ -26,15 +26,16 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, evaluation, sharding
-from rivet_jax.data.replay import discounted_returns, turn_rewards
+from rivet_jax import checkpointing, evaluation, sharding, train
+from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
+from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.envs.base import RouterPolicy, run_episode
+from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.learner import (TrainState, from_saveable, init_train_state, make_optimizer, make_update, saveable,
+                               template_state)
 from rivet_jax.networks import make_network
 from rivet_jax.router import Router
-from rivet_jax.train import (PreparedData, TrainData, TrainState, checkpoint_meta, from_saveable, gather_batch,
-                             init_train_state, make_optimizer, make_update, prepare_data, saveable, stored_c_ref,
-                             template_state)
 
 STAGE, PROGRESS = "online", "online_progress"
 
@@ -42,33 +43,26 @@ STAGE, PROGRESS = "online", "online_progress"
 # ------------------------------------------------------------------------------------------------ new replay
 
 
-def empty_replay(capacity: int, dim: int, num_models: int) -> dict:
+def empty_replay(capacity: int, dim: int, num_models: int) -> Batch:
     """Fixed-capacity new replay, on device: vectors instead of text indices."""
-    return {"h_t": jnp.zeros((capacity, dim)), "h_tp1": jnp.zeros((capacity, dim)), "e_o": jnp.zeros((capacity, dim)),
-            "action": jnp.zeros(capacity, jnp.int32), "reward": jnp.zeros(capacity), "done": jnp.zeros(capacity),
-            "mc_return": jnp.zeros(capacity), "available": jnp.ones((capacity, num_models), bool),
-            "next_available": jnp.ones((capacity, num_models), bool)}
+    return Batch(h_t=jnp.zeros((capacity, dim)), h_tp1=jnp.zeros((capacity, dim)), e_o=jnp.zeros((capacity, dim)),
+                 action=jnp.zeros(capacity, jnp.int32), reward=jnp.zeros(capacity), done=jnp.zeros(capacity),
+                 mc_return=jnp.zeros(capacity), available=jnp.ones((capacity, num_models), bool),
+                 next_available=jnp.ones((capacity, num_models), bool))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _write_rows(replay: dict, rows: dict, start: jax.Array) -> dict:
+def _write_rows(replay: Batch, rows: Batch, start: jax.Array) -> Batch:
     return jax.tree.map(lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0), replay, rows)
 
 
-def episode_rows(episode, router: Router, lam: float, gamma: float, c_ref: float) -> dict:
+def embedded_episode(episode, router: Router, lam: float, gamma: float, c_ref: float) -> Batch:
     """One episode as replay rows (T transitions), embedded with the router's frozen encoder."""
     texts = episode_state_texts(episode.task.prompt, episode.turns, router.encoder.count_tokens,
                                 router.config.max_state_tokens)
     states = router.encoder.encode(texts)                                       # (T + 1, D)
     responses = router.encoder.encode([t.response for t in episode.turns])      # (T, D)
-    rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, c_ref)
-    num_turns, num_models = len(episode.turns), len(router.pool)
-    masks = np.stack([router.available_mask(t.available) for t in episode.turns] + [np.ones(num_models, bool)])
-    return {"h_t": states[:-1], "h_tp1": states[1:], "e_o": responses,
-            "action": np.array([router.pool.index(t.model) for t in episode.turns], np.int32),
-            "reward": rewards.astype(np.float32), "done": (np.arange(num_turns) == num_turns - 1).astype(np.float32),
-            "mc_return": discounted_returns(rewards, gamma).astype(np.float32),
-            "available": masks[:-1], "next_available": masks[1:]}
+    return transition_batch(episode_rows(episode, router.pool, lam, gamma, c_ref), states, responses)
 
 
 # ---------------------------------------------------------------------------------------------------- update
@@ -82,13 +76,13 @@ def make_online_update(net, tx, config, mesh=None) -> Callable:
     step = make_update(net, tx, config, "td")
 
     @functools.partial(jax.jit, donate_argnums=0)
-    def update(state: TrainState, logged: TrainData, new: dict, num_new: jax.Array):
+    def update(state: TrainState, logged: TrainData, new: Batch, num_new: jax.Array):
         key = jax.random.fold_in(state.key, state.step)
         key_logged, key_new = jax.random.split(key)
         logged_idx = jax.random.randint(key_logged, (config.optim.batch_size - half,), 0, logged.num_transitions)
         new_idx = jax.random.randint(key_new, (half,), 0, num_new)
         logged_batch = gather_batch(logged, logged_idx)
-        batch = {k: jnp.concatenate([v, new[k][new_idx]]) for k, v in logged_batch.items()}
+        batch = jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh[new_idx]]), logged_batch, new)
         if mesh is not None and mesh.size > 1:
             batch = sharding.shard_batch(batch, mesh)
         return step(state, batch, logged.cards())
@@ -159,7 +153,7 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
     if jax.process_count() > 1:
         raise ValueError("stage 'online' acts in one environment and runs in one process; run it without "
                          "--multihost, from the offline stages' workdir")
-    prepared = prepared or prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    prepared = prepared or prepare_data(config, workdir, c_ref=train.stored_c_ref(workdir))
     if prepared.data.on_host:  # one update per transition reads the logged replay on the device (it is small)
         prepared = dataclasses.replace(prepared, data=jax.tree.map(jnp.asarray, prepared.data))
     net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
@@ -168,7 +162,7 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
     capacity = config.online.max_passes * len(env.tasks(config.online.split)) * env.max_turns
     progress_ckpt = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
     best_ckpt = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
-    meta = checkpoint_meta(config, prepared, STAGE)
+    meta = train.checkpoint_meta(config, prepared, STAGE)
     if progress_ckpt.latest_epoch() is not None:
         like = {"state": saveable(template), "replay": empty_replay(capacity, dim, num_models),
                 "num_new": jnp.zeros((), jnp.int32)}
@@ -235,7 +229,7 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
         policy = EpsilonGreedy(router, epsilon(progress.trajectories, config))
         rng = np.random.default_rng([config.seed, 104_729, progress.trajectories])
         episode = run_episode(env, order[progress.trajectories], policy, rng, f"online/{progress.trajectories}")
-        rows = episode_rows(episode, router, lam, gamma, prepared.c_ref)
+        rows = embedded_episode(episode, router, lam, gamma, prepared.c_ref)
         replay = _write_rows(replay, rows, jnp.asarray(num_new, jnp.int32))
         for _ in range(len(episode.turns)):  # one gradient update per new transition
             num_new += 1
@@ -264,6 +258,18 @@ def run_online(config, workdir: str | Path, env, prepared: PreparedData | None =
     progress_ckpt.close()
     best_ckpt.close()
     return from_saveable(best)
+
+
+def run_online_stage(config, workdir: str | Path, stage: str, prepared: PreparedData,
+                     on_epoch_end: Callable | None = None) -> TrainState:
+    """The registered 'online' stage of `train.train`: adaptation in the RouteSim of `config.sim`."""
+    del stage, on_epoch_end  # one stage, validated by trajectories rather than epochs
+    if "sim" not in config:
+        raise ValueError("online adaptation acts in an environment: use a config with `sim` (configs/routesim.py)")
+    return run_online(config, workdir, make_routesim(config.sim), prepared)
+
+
+train.register_stage(STAGE, run_online_stage)
 
 
 def read_progress(workdir: str | Path) -> dict[str, Any]:

@@ -25,8 +25,7 @@ from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelPool, Turn
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder, make_encoder
-from rivet_jax.networks import RivetNet, make_network, rve_params
-from rivet_jax.train import ROUTER_STAGES, make_optimizer, saveable, template_state
+from rivet_jax.networks import RivetNet, init_params, make_network, rve_params
 
 # A history turn: a Turn, or any mapping with "response" and "feedback".
 HistoryTurn = Turn | Mapping[str, str]
@@ -94,7 +93,7 @@ class Router:
         defaults to the checkpoint's own. Both must match what the router was trained with; models that are
         temporarily unavailable are handled per call with `available`, not with another pool.
         """
-        stage = stage or checkpointing.latest_stage(workdir, ROUTER_STAGES)
+        stage = stage or checkpointing.latest_stage(workdir, checkpointing.ROUTER_STAGES)
         if stage is None:
             raise FileNotFoundError(f"no checkpoint under {checkpointing.stage_dir(workdir, '*')}")
         checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=None)
@@ -103,12 +102,10 @@ class Router:
         pool = pool or ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
         encoder = encoder or make_encoder(config.encoder)
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
-        net = make_network(config)
-        like = template_state(config, net, make_optimizer(config), meta["state_dim"], pool, stage)
-        restored, _ = checkpoints.restore(saveable(like))
+        params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool))
         checkpoints.close()
         card_embeddings = encoder.encode([card.description for card in pool.cards])
-        return cls(restored["params"], pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
+        return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
     # ------------------------------------------------------------------------------------------------ scoring
 
@@ -138,6 +135,13 @@ class Router:
         q = self.scores([(task, history)], None if available is None else [available])[0]
         return RouteDecision(model=self.pool.names[int(np.argmax(q))],
                              scores={name: float(v) for name, v in zip(self.pool.names, q)})
+
+
+def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
+    """The parameter tree's shapes and dtypes (nothing computed): the target a checkpoint's params restore into."""
+    card_x, card_mask = card_features(pool)
+    cards = (jnp.zeros((len(pool), state_dim), jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+    return jax.eval_shape(lambda: init_params(net, jax.random.key(0), state_dim, cards))
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -13,6 +13,7 @@ The same training code runs on 1 device, on N devices of one host and on many ho
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -75,3 +76,21 @@ def check_divisible(batch_size: int, mesh: Mesh) -> None:
     if batch_size % mesh.size:
         raise ValueError(f"batch size {batch_size} does not split over {mesh.size} devices: use a multiple of "
                          f"{mesh.size} (config.optim.batch_size) or fewer devices (config.devices)")
+
+
+def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int, num_slices: int = 1,
+                  slice_index: int = 0) -> jax.Array:
+    """A fresh shuffle of one replay slice cut into full batches: (num_batches, batch_size // num_slices) indices.
+
+    Slice `slice_index` of `num_slices` (one per host; see `replay_slice`) contributes its share of every
+    global batch, drawn from its own transitions only. Every slice takes the same number of batches (that of the
+    smallest slice); the remainder is dropped this epoch and lands elsewhere in the next shuffle; a slice smaller
+    than its share of one batch is repeated to fill it.
+    """
+    rows = replay_slice(num_transitions, num_slices, slice_index)
+    local_batch, smallest = batch_size // num_slices, num_transitions // num_slices
+    perm = rows.start + jax.random.permutation(jax.random.fold_in(key, slice_index), rows.stop - rows.start)
+    if perm.shape[0] < local_batch:
+        perm = jnp.resize(perm, (local_batch,))
+    num_batches = max(smallest // local_batch, 1)
+    return perm[: num_batches * local_batch].reshape(num_batches, local_batch)

@@ -1,7 +1,8 @@
-"""Training: the TrainState, one jit'ed update per stage, and the offline stages (Sec. 4.2, App. B.2).
+"""The stages: epoch engines that feed `learner.make_update`, stage resume and checkpoints, the stage registry.
 
     MC warm start   L_MC = L_fit(G_t)                                    (Eq. 7 with Z = G_t)
     TD refinement   L_TD = L_fit(Y_t) + alpha L_CQL                      (Eqs. 8-11, Double DQN + CQL)
+    online          registered by `rivet_jax.online` (it acts in an environment)
 
 A whole epoch runs inside one `lax.scan` (no Python per step); the epoch's shuffle comes from
 `fold_in(stage key, epoch)`, so an epoch is a pure function of (state, data, epoch) and a run resumed from an
@@ -10,170 +11,37 @@ epoch checkpoint ends with exactly the parameters of an uninterrupted one.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-import chex
-import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
-from rivet_jax import checkpointing, losses, sharding
-from rivet_jax.data import demo
-from rivet_jax.data.cards import card_features
-from rivet_jax.data.replay import Replay, build_replay, reference_cost
-from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards, write_episodes, write_model_cards
-from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
-from rivet_jax.encoders.table import host_table
-from rivet_jax.networks import RivetNet, init_params, make_network
+from rivet_jax import checkpointing, sharding
+from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
+from rivet_jax.learner import (NonFiniteLossError, TrainState, from_saveable, init_train_state, make_optimizer,
+                               make_update, saveable, template_state)
+from rivet_jax.networks import RivetNet, make_network
 
-STAGES = ("mc", "td")                  # the offline stages (this module)
-ROUTER_STAGES = ("mc", "td", "online")  # every stage whose checkpoint is a router, in training order
-_STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
+OFFLINE_STAGES = ("mc", "td")                    # the stages of this module, in training order
+ROUTER_STAGES = checkpointing.ROUTER_STAGES      # every stage whose checkpoint is a router: mc, td, online
 
-
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN or inf loss; nothing from the offending epoch is saved."""
+# A stage runner: (config, workdir, stage, prepared data, on_epoch_end) -> the stage's final TrainState.
+StageRunner = Callable[..., TrainState]
+_RUNNERS: dict[str, StageRunner] = {}
 
 
-@flax.struct.dataclass
-class TrainState:
-    params: Any
-    target_params: Any
-    opt_state: Any
-    step: jax.Array  # () int32, optimizer steps taken in this stage
-    key: jax.Array   # typed PRNG key of this stage
+def register_stage(name: str, runner: StageRunner) -> None:
+    """Makes `name` a stage `train` can run; the online stage registers itself when `rivet_jax.online` is imported."""
+    _RUNNERS[name] = runner
 
 
-@flax.struct.dataclass
-class TrainData:
-    """Everything an update reads. T texts of width D, M candidates, F card fields, N transitions.
-
-    Device-resident (jax arrays; batches are gathered inside the jit'ed epoch) or host-resident (numpy arrays, the
-    embedding table possibly a memory-mapped file; batches are gathered on the host and fed to the devices).
-    """
-
-    embeddings: Any  # (T, D) float32 frozen-encoder vectors of the text table
-    card_text: Any   # (M,) int32 rows of the card descriptions
-    card_x: Any      # (M, F) float32 structured card fields
-    card_mask: Any   # (M, F) float32 1 = field known
-    replay: dict     # per-transition arrays, see `Replay.arrays`
-
-    @property
-    def num_transitions(self) -> int:
-        return int(self.replay["action"].shape[0])
-
-    @property
-    def on_host(self) -> bool:
-        return isinstance(self.embeddings, np.ndarray)  # np.memmap included
-
-    def cards(self):
-        return self.embeddings[self.card_text], self.card_x, self.card_mask
-
-
-def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_host: bool = False) -> TrainData:
-    """The replay and its embedding table on the device, or (`on_host`) left where they are, e.g. on disk."""
-    card_x, card_mask = card_features(pool)
-    put = np.asarray if on_host else jnp.asarray
-    return TrainData(embeddings=embeddings if on_host else jnp.asarray(embeddings, jnp.float32),
-                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
-                     replay={k: put(v) for k, v in replay.arrays().items()})
-
-
-def make_optimizer(config: ml_collections.ConfigDict, learning_rate: float | None = None):
-    """AdamW with global-norm clipping (App. B.2).
-
-    `optax.flatten` runs the update on one raveled parameter vector: the same arithmetic, but a handful of large
-    fused kernels instead of a few per parameter leaf, which halves the optimizer's compile time on CPU.
-    """
-    return optax.flatten(optax.chain(
-        optax.clip_by_global_norm(config.optim.clip_norm),
-        optax.adamw(config.optim.lr if learning_rate is None else learning_rate,
-                    weight_decay=config.optim.weight_decay)))
-
-
-def stage_key(seed: int, stage: str) -> jax.Array:
-    return jax.random.fold_in(jax.random.key(seed), _STAGE_IDS[stage])
-
-
-def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainState:
-    # The target is a copy, not an alias: the update donates the state, and one buffer cannot be donated twice.
-    return TrainState(params=params, target_params=jax.tree.map(jnp.copy, params), opt_state=jax.jit(tx.init)(params),
-                      step=jnp.zeros((), jnp.int32), key=key)
-
-
-# ----------------------------------------------------------------------------------------------------- losses
-
-
-def gather_batch(data: TrainData, idx) -> dict:
-    """The transitions `idx` (...,) as vectors: h_t, h_tp1, e_o (..., D) and the per-transition arrays.
-
-    The same code gathers inside jit (device-resident data) and with numpy on the host (host-resident data)."""
-    batch = jax.tree.map(lambda x: x[idx], data.replay)
-    return {"h_t": data.embeddings[batch["state"]], "h_tp1": data.embeddings[batch["next_state"]],
-            "e_o": data.embeddings[batch["response"]],
-            **{k: batch[k] for k in ("action", "reward", "done", "mc_return", "available", "next_available")}}
-
-
-def batch_loss(params, target_params, batch: dict, cards, *, net: RivetNet, config, stage: str):
-    """The stage's loss (MC: fit(G); TD: fit(Y) + alpha CQL) on a gathered batch, and its metrics."""
-    e_o = jnp.zeros_like(batch["e_o"]) if config.loss.zero_response else batch["e_o"]
-    q_all, q_resp = net.apply({"params": params}, batch["h_t"], cards, batch["action"], e_o,
-                              method=RivetNet.q_both)                                              # (B, M), (B,)
-    if stage == "mc":
-        target = batch["mc_return"]
-    else:
-        q_tp1_online = net.apply({"params": params}, batch["h_tp1"], cards, method=RivetNet.q_route)         # (B, M)
-        q_tp1_target = net.apply({"params": target_params}, batch["h_tp1"], cards, method=RivetNet.q_route)  # (B, M)
-        # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
-        target = losses.batched_double_dqn_target(batch["reward"], batch["done"], config.reward.gamma,
-                                                  jax.lax.stop_gradient(q_tp1_online), q_tp1_target,
-                                                  batch["next_available"])
-    q_taken = jnp.take_along_axis(q_all, batch["action"][:, None], axis=1)[:, 0]  # (B,)
-    fit = jnp.mean(losses.batched_fit(q_taken, q_resp, target, config.loss.beta, config.loss.huber_delta))
-    if stage == "mc":
-        cql = jnp.zeros(())
-    else:
-        cql = jnp.mean(losses.batched_cql(q_all, batch["action"], batch["available"]))
-    loss = fit + config.loss.alpha * cql
-    available_q = jnp.where(batch["available"], q_all, jnp.nan)
-    metrics = {"loss": loss, "fit": fit, "cql": cql, "q_taken": jnp.mean(q_taken), "q_resp": jnp.mean(q_resp),
-               "q_mean": jnp.nanmean(available_q), "q_max": jnp.mean(jnp.nanmax(available_q, axis=1)),
-               "target": jnp.mean(target)}
-    return loss, metrics
-
-
-def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState:
-    """One optimizer step, then the periodic target-network copy (every `sync_steps` steps)."""
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    step = state.step + 1
-    target_params = optax.periodic_update(params, state.target_params, step, sync_steps)
-    return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step)
-
-
-# ---------------------------------------------------------------------------------------------------- updates
-
-
-def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
-    """One gradient update on a gathered batch: (state, batch, cards) -> (state, metrics). Not jit'ed here."""
-    loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
-
-    def update(state: TrainState, batch: dict, cards):
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
-                                                                         cards)
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
-
-    return update
+# ---------------------------------------------------------------------------------------------------- epochs
 
 
 def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
@@ -192,24 +60,6 @@ def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callabl
     return train_step
 
 
-def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int, num_slices: int = 1,
-                  slice_index: int = 0) -> jax.Array:
-    """A fresh shuffle of one replay slice cut into full batches: (num_batches, batch_size // num_slices) indices.
-
-    Slice `slice_index` of `num_slices` (one per host; see `sharding.replay_slice`) contributes its share of every
-    global batch, drawn from its own transitions only. Every slice takes the same number of batches (that of the
-    smallest slice); the remainder is dropped this epoch and lands elsewhere in the next shuffle; a slice smaller
-    than its share of one batch is repeated to fill it.
-    """
-    rows = sharding.replay_slice(num_transitions, num_slices, slice_index)
-    local_batch, smallest = batch_size // num_slices, num_transitions // num_slices
-    perm = rows.start + jax.random.permutation(jax.random.fold_in(key, slice_index), rows.stop - rows.start)
-    if perm.shape[0] < local_batch:
-        perm = jnp.resize(perm, (local_batch,))
-    num_batches = max(smallest // local_batch, 1)
-    return perm[: num_batches * local_batch].reshape(num_batches, local_batch)
-
-
 def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
     """jit'ed (state, data, epoch) -> (state, per-step metrics, batches) over device-resident data, state donated."""
     train_step = make_train_step(net, tx, config, stage, mesh)
@@ -217,7 +67,7 @@ def make_train_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
 
     @functools.partial(jax.jit, donate_argnums=0)
     def train_epoch(state: TrainState, data: TrainData, epoch: jax.Array):
-        batches = epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
+        batches = sharding.epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
         state, metrics = jax.lax.scan(lambda s, idx: train_step(s, data, idx), state, batches)
         return state, metrics, batches
 
@@ -245,7 +95,7 @@ def make_host_fed_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Callable
     """
     batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
     num_slices, slice_index = jax.process_count(), jax.process_index()
-    shuffle = jax.jit(epoch_batches, static_argnums=(1, 2, 3, 4))
+    shuffle = jax.jit(sharding.epoch_batches, static_argnums=(1, 2, 3, 4))
     train_chunk = make_train_chunk(net, tx, config, stage)
 
     def train_epoch(state: TrainState, data: TrainData, epoch: jax.Array):
@@ -273,103 +123,6 @@ def run_host_batches(train_chunk: Callable, state: TrainState, data: TrainData, 
     return state, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m]), *metrics)
 
 
-# ---------------------------------------------------------------------------------------------- data loading
-
-
-@dataclasses.dataclass(frozen=True)
-class PreparedData:
-    pool: ModelPool
-    encoder: Encoder
-    replay: Replay
-    data: TrainData
-    c_ref: float
-    skipped: int
-
-
-def _corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
-    """The configured logs, or the demo corpus written once into the workdir."""
-    if config.data.episodes:
-        if not config.data.cards:
-            raise ValueError("config.data.episodes is set but config.data.cards is not: "
-                             "name the pool's model_cards.json")
-        return Path(config.data.episodes), Path(config.data.cards)
-    episodes_path, cards_path = workdir / "data" / "demo_episodes.jsonl", workdir / "data" / "demo_cards.json"
-    if not episodes_path.exists():
-        episodes_path.parent.mkdir(parents=True, exist_ok=True)
-        logging.info("No episodes configured: writing the demo corpus (%d episodes) to %s",
-                     config.data.demo_episodes, episodes_path)
-        write_model_cards(cards_path, demo.demo_pool())
-        write_episodes(episodes_path, demo.demo_episodes(config.data.demo_episodes, seed=config.data.demo_seed))
-    return episodes_path, cards_path
-
-
-def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> PreparedData:
-    """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir)."""
-    workdir = Path(workdir)
-    episodes_path, cards_path = _corpus_paths(config, workdir)
-    pool = read_model_cards(cards_path)
-    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid)
-    for error in episode_file.skipped:
-        logging.warning("skipped: %s", error)
-    if c_ref is None:
-        c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episode_file.episodes)
-    encoder = make_encoder(config.encoder)
-    replay = build_replay(episode_file.episodes, pool, count_tokens=encoder.count_tokens,
-                          max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
-                          c_ref=c_ref)
-    started = time.perf_counter()
-    cache_dir = Path(config.data.embedding_cache or workdir / "embeddings")
-    host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see make_host_fed_epoch
-    if host_fed:
-        embeddings, how = _host_embeddings(config, encoder, cache_dir, replay), "host-fed table"
-    else:
-        store = EmbeddingStore(encoder, cache_dir)
-        embeddings = store.embed(replay.texts)
-        how = store.stats
-    logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
-                 len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
-                 time.perf_counter() - started, how)
-    data = make_train_data(replay, embeddings, pool, on_host=host_fed)
-    return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
-                        skipped=len(episode_file.skipped))
-
-
-def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:
-    """The text-table rows a replay slice reads (its states, next states, responses) and the cards, sorted."""
-    return np.unique(np.concatenate([replay.state[rows], replay.next_state[rows], replay.response[rows],
-                                     replay.card_text]))
-
-
-def _host_embeddings(config, encoder: Encoder, cache_dir: Path, replay: Replay) -> np.ndarray:
-    """The table of a host-fed run: this process's rows only (sharded encoder pass), memory-mapped from
-    `<cache_dir>/tables/` when `config.data.embeddings_on_disk`."""
-    rows = slice_text_rows(replay, sharding.replay_slice(len(replay)))
-
-    def progress(done: int, total: int) -> None:
-        logging.info("embedded %d/%d texts of this host's replay slice", done, total)
-
-    return host_table(encoder, lambda: EmbeddingStore(encoder, cache_dir), replay.texts, rows,
-                      cache_dir / "tables" if config.data.embeddings_on_disk else None, progress)
-
-
-# -------------------------------------------------------------------------------------------- stage driver
-
-
-def saveable(state: TrainState) -> dict:
-    return {"params": state.params, "target_params": state.target_params, "opt_state": state.opt_state,
-            "step": state.step, "key": jax.random.key_data(state.key)}
-
-
-def from_saveable(tree: dict, placed: bool = False) -> TrainState:
-    """The TrainState of a restored tree. Unless `placed` (restored onto a mesh's shardings), arrays are re-made
-    as plain uncommitted ones: orbax restores committed arrays, jit outputs are uncommitted, and passing both
-    kinds to one jit compiles it twice."""
-    if not placed:
-        tree = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
-    return TrainState(params=tree["params"], target_params=tree["target_params"], opt_state=tree["opt_state"],
-                      step=tree["step"], key=jax.random.wrap_key_data(tree["key"]))
-
-
 def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
     return {"stage": stage, "config": json.loads(config.to_json()), "pool": prepared.pool.to_json(),
             "encoder": {"name": prepared.encoder.name, "dim": prepared.encoder.dim,
@@ -379,15 +132,6 @@ def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
 
 def _stage_epochs(config, stage: str) -> int:
     return {"mc": config.mc_epochs, "td": config.td_epochs}[stage]
-
-
-def template_state(config, net: RivetNet, tx, state_dim: int, pool: ModelPool, stage: str) -> TrainState:
-    """A freshly initialised state of `stage`: the starting point of MC, and the tree shape every restore fills."""
-    key = stage_key(config.seed, stage)
-    card_x, card_mask = card_features(pool)
-    cards = (jnp.zeros((len(pool), state_dim), jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
-    params = init_params(net, jax.random.fold_in(key, 1_000_003), state_dim, cards)
-    return init_train_state(net, tx, params, key)
 
 
 def _template_state(config, net, tx, prepared: PreparedData, stage: str) -> TrainState:
@@ -427,7 +171,7 @@ def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: P
 
 def stored_c_ref(workdir: str | Path) -> float | None:
     """c_ref fixed by an earlier stage of this workdir, so every stage reads the same rewards."""
-    for stage in STAGES:
+    for stage in OFFLINE_STAGES:
         if checkpointing.stage_dir(workdir, stage).is_dir():
             checkpoints = checkpointing.StageCheckpoints(workdir, stage)
             if checkpoints.latest_epoch() is not None:
@@ -459,8 +203,8 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
 
     `on_epoch_end(stage, epoch, record)` is called after each epoch's checkpoint and log line (progress hooks).
     """
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
+    if stage not in OFFLINE_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {OFFLINE_STAGES}")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if prepared is None:
@@ -511,23 +255,22 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
 def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
     """The launcher's entry point: `config.stage` is 'mc', 'td', 'online', 'offline' (mc then td) or 'all'.
 
-    'online' needs an environment to act in: the RouteSim of `config.sim` (configs/routesim.py).
+    'online' needs an environment to act in (the RouteSim of `config.sim`, configs/routesim.py) and is run by
+    `rivet_jax.online`, which registers it here when imported.
     """
-    stages = {"offline": STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
+    stages = {"offline": OFFLINE_STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
     if any(s not in ROUTER_STAGES for s in stages):
         raise ValueError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
+    unregistered = [s for s in stages if s not in _RUNNERS]
+    if unregistered:
+        raise ValueError(f"stage {unregistered[0]!r} is not registered: `import rivet_jax.online` registers it")
     workdir = Path(workdir)
     prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     state = None
     for stage in stages:
-        if stage == "online":
-            from rivet_jax import online  # the online stage needs an environment; offline training does not
-            from rivet_jax.envs.routesim import make_routesim
-
-            if "sim" not in config:
-                raise ValueError("online adaptation acts in an environment: use a config with `sim` "
-                                 "(configs/routesim.py)")
-            state = online.run_online(config, workdir, make_routesim(config.sim), prepared)
-        else:
-            state = run_stage(config, workdir, stage, prepared, on_epoch_end)
+        state = _RUNNERS[stage](config, workdir, stage, prepared, on_epoch_end)
     return state
+
+
+register_stage("mc", run_stage)
+register_stage("td", run_stage)

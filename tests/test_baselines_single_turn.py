@@ -162,7 +162,7 @@ def test_knn_and_cluster_utilities_are_the_neighbourhood_means(routers):
         poem = routers[name].scores([QUERIES["poem"]])[0]
         np.testing.assert_allclose(poem, [1 - LAM * COST["alpha"], -LAM * COST["beta"], 1 - LAM * COST["gamma"]],
                                    err_msg=name)
-    rows, weights = routers["knn"].neighbours(st._task_embeddings(routers["knn"].store, [QUERIES["math"]]))
+    rows, weights = routers["knn"].neighbours(st.task_embeddings(routers["knn"].store, [QUERIES["math"]]))
     assert all(routers["knn"].table.task_ids[r].startswith("math") for r in rows[0]) and (weights > 0).all()
 
 
@@ -181,14 +181,14 @@ def test_cost_awareness_the_cheaper_of_two_successful_models_wins(name):
         assert scores[0] == scores[2]
     elif name == "embedllm":
         # Training does not depend on lam; lam only weighs the two heads' estimates.
-        success, cost = free.estimates(st._task_embeddings(free.store, [task.prompt]))
+        success, cost = free.estimates(st.task_embeddings(free.store, [task.prompt]))
         np.testing.assert_allclose(free.task_scores(task), success[0], rtol=1e-6)
         np.testing.assert_allclose(router.task_scores(task), success[0] - 0.5 * cost[0] / C_REF, rtol=1e-6)
 
 
 def test_matrix_factorization_estimates_cost_and_success(routers):
     router = routers["embedllm"]
-    success, cost = router.estimates(st._task_embeddings(router.store, [QUERIES["math"], QUERIES["poem"]]))
+    success, cost = router.estimates(st.task_embeddings(router.store, [QUERIES["math"], QUERIES["poem"]]))
     assert success[0, 0] > 0.5 > success[0, 1] and success[1, 2] > 0.5
     assert (cost[:, 2] < cost[:, 0]).all() and np.isfinite(router.losses).all()
     assert router.losses[-1] < router.losses[0]

@@ -3,7 +3,7 @@
 import json
 
 from configs import default
-from rivet_jax import benchmark
+from rivet_jax.bench import benchmark
 
 
 def test_benchmark_reports_everything(tmp_path):
@@ -40,17 +40,17 @@ def _dot_flops(jaxpr) -> int:
 
 def test_analytic_update_flops_match_the_matmuls_jax_traces():
     import jax
+    import numpy as np
 
+    from rivet_jax.corpus import gather_batch
+    from rivet_jax.learner import make_optimizer, make_update, template_state
     from rivet_jax.networks import make_network
-    from rivet_jax.train import make_optimizer, make_update, template_state
 
     config = default.get_config("tiny")
     pool = benchmark.synthetic_pool(3)
     data = benchmark.synthetic_data(50, config.encoder.dim, pool)
     net, tx = make_network(config), make_optimizer(config)
-    batch = {k: v[: config.optim.batch_size] for k, v in data.replay.items()}
-    batch = {"h_t": data.embeddings[batch["state"]], "h_tp1": data.embeddings[batch["next_state"]],
-             "e_o": data.embeddings[batch["response"]], **batch}
+    batch = gather_batch(data, np.arange(config.optim.batch_size))
     for stage in ("mc", "td"):
         state = template_state(config, net, tx, config.encoder.dim, pool, stage)
         traced = jax.make_jaxpr(make_update(net, tx, config, stage))(state, batch, data.cards())

@@ -18,13 +18,13 @@ import pytest
 from rivet_jax.data.mint import (
     TABLE4_TEST_COUNTS,
     UPSTREAM_RUN,
-    _apportion,
     convert_mint,
     load_manifest,
     make_manifest,
     read_mint_tasks,
     split_tasks,
 )
+from rivet_jax.data.mint_tokens import apportion as _apportion
 from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_episodes, read_model_cards, write_episodes
 
 SHARED_MINT = Path(__file__).resolve().parents[2] / "shared" / "mint"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rivet_jax.mint_experiment import oracle_choice
+from rivet_jax.experiments.mint import oracle_choice
 
 REPO = Path(__file__).resolve().parents[1]
 MINT = REPO.parent / "shared" / "mint"

@@ -19,16 +19,9 @@ import pytest
 
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders import bert as bert_module
-from rivet_jax.encoders.bert import (
-    BertConfig,
-    BertEncoder,
-    BertModel,
-    bert_params_from_tensors,
-    bucket_lengths,
-    load_tensors,
-    plan_batches,
-)
+from rivet_jax.encoders.bert import BertConfig, BertEncoder, BertModel, bert_params_from_tensors
 from rivet_jax.encoders.qwen3 import Qwen3Config, Qwen3Encoder, qwen3_params_from_tensors
+from rivet_jax.encoders.runtime import bucket_lengths, load_tensors, plan_batches
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 MINILM_REFERENCE = FIXTURES / "minilm_reference.json"

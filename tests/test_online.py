@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, online, pipelines, train
+from rivet_jax import checkpointing, online, train
 from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.experiments import routesim
 from rivet_jax.router import Router
 
 
@@ -19,8 +20,8 @@ class SimulatedKill(Exception):
 
 def tiny(workdir):
     config = routesim_config.get_config("tiny")
-    corpus = pipelines.collect(config, workdir)
-    config = pipelines.training_config(config, corpus)
+    corpus = routesim.collect(config, workdir)
+    config = routesim.training_config(config, corpus)
     config.stage = "offline"
     return config
 

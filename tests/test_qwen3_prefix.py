@@ -15,22 +15,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rivet_jax.encoders import make_encoder
-from rivet_jax.encoders.prefix_reuse import (
-    MAX_TAIL,
-    Branch,
+from rivet_jax.bench.prefix_reuse_report import (
     DecoderShape,
-    ReuseRow,
     attention_flops,
-    chain_roots,
-    common_prefix_length,
-    pack_reuse_rows,
-    plan_reuse_rows,
     prefix_reuse_flops,
     prefix_reuse_report,
     qwen_pretoken_ids,
     separate_pass_flops,
     token_flops,
+)
+from rivet_jax.encoders import make_encoder
+from rivet_jax.encoders.prefix_reuse import (
+    MAX_TAIL,
+    Branch,
+    ReuseRow,
+    chain_roots,
+    common_prefix_length,
+    pack_reuse_rows,
+    plan_reuse_rows,
 )
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from rivet_jax.data import demo
 from rivet_jax.data.replay import build_replay, reference_cost
-from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.data.serialize import episode_state_texts, serialize_state
+from rivet_jax.envs.collect import demo_corpus
 
 
 def words(text: str) -> int:
@@ -55,8 +55,8 @@ def test_episode_states_chain():
 
 
 def test_build_replay_rewards_returns_and_indices():
-    episodes = demo.demo_episodes(20, seed=3)
-    pool = demo.demo_pool()
+    sim, episodes = demo_corpus(3, seed=3)
+    pool = sim.pool
     c_ref = reference_cost(episodes)
     assert c_ref == pytest.approx(np.mean([t.cost for e in episodes for t in e.turns]))
     replay = build_replay(episodes, pool, count_tokens=words, max_tokens=16_384, lam=0.05, gamma=0.99, c_ref=c_ref)
@@ -87,7 +87,8 @@ def test_build_replay_rewards_returns_and_indices():
 
 
 def test_availability_masks():
-    pool = demo.demo_pool()
+    pool = ModelPool(tuple(ModelCard(name=name, description=f"model {name}")
+                           for name in ("atlas-xl", "coder-m", "sage-s", "flash-xs")))
     episode = Episode("e", Task("t", "p"), (
         Turn("coder-m", "r", "f", 1, 1, 0.1, available=("coder-m", "sage-s")),
         Turn("sage-s", "r2", "", 1, 1, 0.1)), 1)
@@ -101,3 +102,35 @@ def test_reference_cost_refuses_zero_cost_corpus():
     episode = Episode("e", Task("t", "p"), (Turn("coder-m", "r", "f", 1, 1, 0.0),), 1)
     with pytest.raises(ValueError, match="c_ref"):
         reference_cost([episode])
+
+
+def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
+    """`episode_rows` is the one place rewards and returns are made: the offline replay (text indices) and the
+    online stage's freshly embedded batches (`transition_batch`) hold the same transitions."""
+    from rivet_jax.data.replay import episode_rows, transition_batch
+    from rivet_jax.encoders import HashingEncoder
+
+    sim, episodes = demo_corpus(2, seed=5)
+    lam, gamma, c_ref = 0.05, 0.99, 0.01
+    replay = build_replay(episodes, sim.pool, count_tokens=words, max_tokens=16_384, lam=lam, gamma=gamma,
+                          c_ref=c_ref)
+    encoder = HashingEncoder(dim=16)
+    table = encoder.encode(list(replay.texts))
+    start = 0
+    for episode in episodes:
+        rows = episode_rows(episode, sim.pool, lam, gamma, c_ref)
+        states = encoder.encode(episode_state_texts(episode.task.prompt, episode.turns, words))   # (T + 1, D)
+        batch = transition_batch(rows, states, encoder.encode([t.response for t in episode.turns]))
+        span = slice(start, start + len(episode.turns))
+        np.testing.assert_array_equal(batch.h_t, table[replay.state[span]])
+        np.testing.assert_array_equal(batch.h_tp1, table[replay.next_state[span]])
+        np.testing.assert_array_equal(batch.e_o, table[replay.response[span]])
+        for name in ("action", "reward", "done", "mc_return", "available", "next_available"):
+            np.testing.assert_array_equal(getattr(batch, name), getattr(replay, name)[span], err_msg=name)
+        # G_0 by hand: every turn's -lambda c_t / c_ref discounted, plus the outcome at the last turn.
+        costs = [t.cost for t in episode.turns]
+        by_hand = sum(gamma ** k * (-lam * c / c_ref) for k, c in enumerate(costs))
+        by_hand += gamma ** (len(costs) - 1) * episode.outcome
+        assert rows["mc_return"][0] == pytest.approx(by_hand, rel=1e-12)
+        start = span.stop
+    assert start == len(replay)

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 from configs import default
-from rivet_jax import checkpointing, sharding, train
-from rivet_jax.data import demo
+from rivet_jax import checkpointing, corpus, learner, sharding
 from rivet_jax.data.schema import write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, HashingEncoder
 from rivet_jax.encoders.table import host_table
+from rivet_jax.envs.collect import demo_corpus
+from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
-from rivet_jax.pipelines import with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from configs import default
     from rivet_jax import train
-    from rivet_jax.pipelines import with_overrides
+    from rivet_jax.experiments.common import with_overrides
     from rivet_jax.router import Router
 
     assert len(jax.devices()) == 8, jax.devices()
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
     runs = {"d8": {"devices": 8}, "disk8": {"devices": 8, "data.embeddings_on_disk": True}, "d1": {"devices": 1}}
     states = {}
     for name, overrides in runs.items():
-        config = with_overrides(default.get_config("tiny"), {"stage": "offline", **overrides})
+        config = with_overrides(default.get_config("tiny"), {"stage": "offline", "data.demo": True, **overrides})
         states[name] = train.train(config, f"{workdir}/{name}")
     for name in ("d8", "disk8"):
         leaves = [jax.tree.leaves(states[n].params) for n in (name, "d1")]
@@ -68,27 +68,28 @@ ONLINE_SCRIPT = textwrap.dedent("""
     import jax.numpy as jnp
     import numpy as np
     from configs import routesim
-    from rivet_jax import online, pipelines, sharding, train
+    from rivet_jax import corpus, learner, online, sharding, train
+    from rivet_jax.experiments import routesim as experiment
+    from rivet_jax.experiments.common import with_overrides
     from rivet_jax.networks import make_network
-    from rivet_jax.pipelines import with_overrides
 
     workdir = sys.argv[1]
     config = routesim.get_config("tiny")
-    config = pipelines.training_config(config, pipelines.collect(config, workdir))
+    config = experiment.training_config(config, experiment.collect(config, workdir))
     config = with_overrides(config, {"devices": 8, "stage": "all"})
     train.train(config, f"{workdir}/d8")  # every stage, the online one included, on 8 devices
     assert online.read_progress(f"{workdir}/d8")["finished"]
 
     # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
-    prepared = train.prepare_data(config, f"{workdir}/d8")
-    net, tx = make_network(config), train.make_optimizer(config)
+    prepared = corpus.prepare_data(config, f"{workdir}/d8")
+    net, tx = make_network(config), learner.make_optimizer(config)
     replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
-    rows = train.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
-    new = {k: jnp.concatenate([rows[k], v[40:]]) for k, v in replay.items()}  # 40 new transitions
+    rows = corpus.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
+    new = jax.tree.map(lambda r, v: jnp.concatenate([r, v[40:]]), rows, replay)  # 40 new transitions
     params = {}
     for devices in (8, 1):
         mesh = sharding.make_mesh(devices)
-        start = train.template_state(config, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
+        start = learner.template_state(config, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
         data, buffer = prepared.data, new
         if devices > 1:
             start, data, buffer = (sharding.replicate(x, mesh) for x in (start, data, buffer))
@@ -133,8 +134,9 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_two_hosts_train_on_their_slices_like_one_process_on_the_global_batches(tmp_path):
-    write_model_cards(tmp_path / "cards.json", demo.demo_pool())
-    write_episodes(tmp_path / "episodes.jsonl", demo.demo_episodes(60, seed=0))
+    sim, episodes = demo_corpus(9)
+    write_model_cards(tmp_path / "cards.json", sim.pool)
+    write_episodes(tmp_path / "episodes.jsonl", episodes)
     data_flags = [f"--config.data.episodes={tmp_path / 'episodes.jsonl'}",
                   f"--config.data.cards={tmp_path / 'cards.json'}"]
     port = _free_port()
@@ -150,18 +152,18 @@ def test_two_hosts_train_on_their_slices_like_one_process_on_the_global_batches(
     # The same run in this process: global batch = host 0's rows of its slice, then host 1's of its slice.
     config = with_overrides(default.get_config("tiny"), {
         "stage": "mc", "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json")})
-    prepared = train.prepare_data(config, tmp_path / "here")
-    net, tx = make_network(config), train.make_optimizer(config)
+    prepared = corpus.prepare_data(config, tmp_path / "here")
+    net, tx = make_network(config), learner.make_optimizer(config)
     dim = prepared.data.embeddings.shape[1]
-    state = train.template_state(config, net, tx, dim, prepared.pool, "mc")
-    update = jax.jit(train.make_update(net, tx, config, "mc"))
+    state = learner.template_state(config, net, tx, dim, prepared.pool, "mc")
+    update = jax.jit(learner.make_update(net, tx, config, "mc"))
     n, batch = prepared.data.num_transitions, config.optim.batch_size
     for epoch in range(config.mc_epochs):
         key = jax.random.fold_in(state.key, epoch)
-        batches = np.concatenate([np.asarray(train.epoch_batches(key, n, batch, 2, p)) for p in (0, 1)], axis=1)
+        batches = np.concatenate([np.asarray(sharding.epoch_batches(key, n, batch, 2, p)) for p in (0, 1)], axis=1)
         for idx in batches:
-            state, _ = update(state, train.gather_batch(prepared.data, idx), prepared.data.cards())
-    like = train.saveable(train.template_state(config, net, tx, dim, prepared.pool, "mc"))
+            state, _ = update(state, corpus.gather_batch(prepared.data, idx), prepared.data.cards())
+    like = learner.saveable(learner.template_state(config, net, tx, dim, prepared.pool, "mc"))
     saved, meta = checkpointing.StageCheckpoints(tmp_path / "run", "mc").restore(like)
     assert meta["epoch"] == config.mc_epochs
     worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
@@ -171,9 +173,9 @@ def test_two_hosts_train_on_their_slices_like_one_process_on_the_global_batches(
 
 def test_epoch_batches_split_the_replay_into_disjoint_slices():
     key = jax.random.key(3)
-    one = np.asarray(train.epoch_batches(key, 103, 16))
+    one = np.asarray(sharding.epoch_batches(key, 103, 16))
     assert one.shape == (6, 16) and len(set(one.ravel())) == 96  # 103 // 16 full batches, no repeats
-    parts = [np.asarray(train.epoch_batches(key, 103, 16, 4, p)) for p in range(4)]
+    parts = [np.asarray(sharding.epoch_batches(key, 103, 16, 4, p)) for p in range(4)]
     for p, part in enumerate(parts):
         rows = sharding.replay_slice(103, 4, p)
         assert part.shape == (6, 4)  # every slice gives the same number of batches: 25 // 4

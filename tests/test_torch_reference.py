@@ -14,11 +14,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is optional: only the PyTorch reference benchmark uses it")
 
 from configs import default  # noqa: E402
-from rivet_jax import torch_reference as ref  # noqa: E402
-from rivet_jax.benchmark import synthetic_data, synthetic_pool  # noqa: E402
+from rivet_jax.bench import torch_reference as ref  # noqa: E402
+from rivet_jax.bench.benchmark import synthetic_data, synthetic_pool  # noqa: E402
+from rivet_jax.corpus import gather_batch  # noqa: E402
+from rivet_jax.learner import make_optimizer, template_state  # noqa: E402
+from rivet_jax.losses import rivet_loss  # noqa: E402
 from rivet_jax.networks import make_network  # noqa: E402
-from rivet_jax.train import (batch_loss, gather_batch, make_optimizer, make_train_step,  # noqa: E402
-                             template_state)
+from rivet_jax.train import make_train_step  # noqa: E402
 
 
 def _config(target_sync_steps: int = 2):
@@ -80,7 +82,7 @@ def test_loss_metrics_and_gradients_match_jax(stage):
     net, _, state, data, trainer = _setup(config, stage)
     idx = np.arange(config.optim.batch_size) * 2 % data.num_transitions
     batch = gather_batch(data, jnp.asarray(idx, jnp.int32))
-    loss_fn = functools.partial(batch_loss, net=net, config=config, stage=stage)
+    loss_fn = functools.partial(rivet_loss, net=net, config=config, stage=stage)
     (loss, metrics), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
         state.params, state.target_params, batch, data.cards())  # jit: eager dispatch of each op is slower
 

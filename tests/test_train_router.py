@@ -11,19 +11,24 @@ import numpy as np
 import pytest
 
 from configs import default
-from rivet_jax import checkpointing, train
-from rivet_jax.data import demo
+from rivet_jax import checkpointing, corpus, train
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
+from rivet_jax.envs.collect import demo_corpus
+from rivet_jax.experiments.common import with_overrides
+from rivet_jax.learner import NonFiniteLossError
 from rivet_jax.networks import RivetNet, make_network
-from rivet_jax.pipelines import with_overrides
 from rivet_jax.router import Router
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_config(**overrides):
-    return with_overrides(default.get_config("tiny"), overrides)
+    return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
+
+
+def demo_pool() -> ModelPool:
+    return demo_corpus(0)[0].pool
 
 
 def flat_params(state) -> dict:
@@ -77,17 +82,17 @@ def test_td_requires_finished_mc(tmp_path):
 
 def test_non_finite_loss_stops_with_step_and_episodes(tmp_path):
     config = tiny_config()
-    prepared = train.prepare_data(config, tmp_path)
+    prepared = corpus.prepare_data(config, tmp_path)
     bad_return = prepared.data.replay["mc_return"].at[:].set(jnp.nan)
-    broken = train.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
+    broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
         replay={**prepared.data.replay, "mc_return": bad_return})})
-    with pytest.raises(train.NonFiniteLossError, match=r"step 1; the batch held episodes \['demo-"):
+    with pytest.raises(NonFiniteLossError, match=r"step 1; the batch held episodes \['(fixed:|random/)"):
         train.run_stage(config, tmp_path, "mc", prepared=broken)
     assert checkpointing.StageCheckpoints(tmp_path, "mc").latest_epoch() is None  # nothing diverged was saved
 
 
 def _cards_with_changed_price(tmp_path: Path) -> Path:
-    cards = list(demo.demo_pool().cards)
+    cards = list(demo_pool().cards)
     cards[0] = ModelCard(**{**cards[0].__dict__, "price_in_per_mtok": cards[0].price_in_per_mtok * 2})
     path = tmp_path / "changed_cards.json"
     write_model_cards(path, ModelPool(tuple(cards)))
@@ -97,14 +102,14 @@ def _cards_with_changed_price(tmp_path: Path) -> Path:
 def test_checkpoint_refused_for_other_pool_or_encoder(tmp_path):
     config = tiny_config()
     train.run_stage(config, tmp_path, "mc")
-    episodes = tmp_path / "data" / "demo_episodes.jsonl"
+    episodes = tmp_path / "data" / "episodes.jsonl"
     other_pool = tiny_config(**{"data.episodes": str(episodes), "data.cards": str(_cards_with_changed_price(tmp_path))})
     with pytest.raises(checkpointing.CheckpointMismatchError, match="price_in_per_mtok"):
         train.run_stage(other_pool, tmp_path, "td")
     with pytest.raises(checkpointing.CheckpointMismatchError, match="encoder"):
         Router.from_checkpoint(tmp_path, encoder=HashingEncoder(dim=32))
-    fewer = ModelPool(demo.demo_pool().cards[:3])
-    with pytest.raises(checkpointing.CheckpointMismatchError, match="flash-xs"):
+    fewer = ModelPool(demo_pool().cards[:3])
+    with pytest.raises(checkpointing.CheckpointMismatchError, match=demo_pool().names[-1]):
         Router.from_checkpoint(tmp_path, pool=fewer)
 
 
@@ -112,15 +117,15 @@ def test_launcher_stages_then_router(tmp_path):
     workdir = tmp_path / "run"
     for stage in ("mc", "td"):
         result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
-                                 f"--workdir={workdir}", f"--config.stage={stage}"],
+                                 f"--workdir={workdir}", f"--config.stage={stage}", "--config.data.demo=True"],
                                 cwd=REPO, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
     assert "Resuming" not in result.stderr
     router = Router.from_checkpoint(workdir)
-    pool = demo.demo_pool()
+    pool = demo_pool()
     assert router.pool.names == pool.names
 
-    episode = demo.demo_episodes(1, seed=11)[0]
+    episode = demo_corpus(1, seed=11)[1][0]
     history = episode.turns[:1]
     decision = router.route(episode.task.prompt, history)
     assert decision.model in pool.names
@@ -186,7 +191,8 @@ def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
     import signal
     import time
 
-    args = ["--config=configs/default.py:tiny", "--config.stage=mc", "--config.mc_epochs=60"]
+    args = ["--config=configs/default.py:tiny", "--config.stage=mc", "--config.mc_epochs=60",
+            "--config.data.demo=True"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={straight}", *args], cwd=REPO, check=True,
                    capture_output=True, timeout=300)
@@ -216,17 +222,27 @@ def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
 
 
 def test_launcher_reports_bad_logs_as_one_clear_line(tmp_path):
-    episodes = demo.demo_episodes(3, seed=1)
+    episodes = demo_corpus(3, seed=1)[1][:3]
     good = [json.dumps(e.to_json()) for e in episodes]
     broken = json.loads(good[1])
     broken["turns"][0]["cost"] = -1.0
     path = tmp_path / "episodes.jsonl"
     path.write_text("\n".join([good[0], json.dumps(broken), good[2]]) + "\n")
     cards = tmp_path / "cards.json"
-    write_model_cards(cards, demo.demo_pool())
+    write_model_cards(cards, demo_pool())
     result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
                              f"--workdir={tmp_path / 'w'}", f"--config.data.episodes={path}",
                              f"--config.data.cards={cards}"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert f"{path}:2: field 'turns[0].cost'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_launcher_without_logs_refuses_in_one_line(tmp_path):
+    """No --config.data.episodes and no demo asked for: never train on synthetic data silently."""
+    result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
+                             f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "no logs to train on: pass --config.data.episodes" in result.stderr
+    assert "--config.data.demo=True" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "w" / "data").exists()

@@ -34,9 +34,10 @@ from rivet_jax.data.replay import Replay, build_replay
 from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
+from rivet_jax.learner import NonFiniteLossError, make_optimizer
 from rivet_jax.networks import CardProjector, StateAdapter, ValueHead
 from rivet_jax.router import HistoryTurn, as_history, availability_mask
-from rivet_jax.train import NonFiniteLossError, epoch_batches, make_optimizer
+from rivet_jax.sharding import epoch_batches
 
 State = tuple[str, Sequence[HistoryTurn]]  # (task prompt, completed turns)
 

@@ -1,4 +1,7 @@
-"""Logged episodes -> flat replay arrays (rewards Eq. 1, returns Eq. 2, Double-DQN bookkeeping).
+"""Logged episodes -> transitions: rewards (Eq. 1), returns (Eq. 2) and Double-DQN bookkeeping, in one place.
+
+`episode_rows` is the one episode -> rows path: offline training (`build_replay`), the online stage's new replay
+(`transition_batch`) and the value-error evaluation all read an episode through it. `Batch` is what the losses read.
 
 Every text the networks read (states, next states, responses, model-card descriptions) is interned into one text
 table, and the arrays hold indices into it; the encoder embeds each distinct text once. Because serialization is
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -84,13 +87,57 @@ class _TextTable:
         return tuple(self.index)
 
 
-def _availability(names: tuple[str, ...] | None, pool: ModelPool) -> np.ndarray:
+def availability(names: Sequence[str] | None, pool: ModelPool) -> np.ndarray:
+    """(M,) bool over the pool: the models that could be chosen; None = every model."""
     mask = np.zeros(len(pool), bool)
     if names is None:
         mask[:] = True
     else:
         mask[[pool.index(n) for n in names]] = True
     return mask
+
+
+def episode_rows(episode: Episode, pool: ModelPool, lam: float, gamma: float, c_ref: float) -> dict[str, np.ndarray]:
+    """One validated episode's T transitions: the numeric columns of the replay, rewards and returns in float64.
+
+    action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t ·
+    available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn).
+    """
+    turns = episode.turns
+    rewards = turn_rewards(np.array([t.cost for t in turns]), episode.outcome, lam, c_ref)
+    masks = np.stack([availability(t.available, pool) for t in turns] + [availability(None, pool)])  # (T + 1, M)
+    return {"action": np.array([pool.index(t.model) for t in turns], np.int32), "reward": rewards,
+            "done": (np.arange(len(turns)) == len(turns) - 1).astype(np.float64),
+            "mc_return": discounted_returns(rewards, gamma), "available": masks[:-1], "next_available": masks[1:]}
+
+
+class Batch(NamedTuple):
+    """Transitions as the losses read them: embeddings looked up, one row per transition (leading shape B).
+
+    Built by gathering a `Replay` through its text table (`corpus.gather_batch`) or from freshly embedded episodes
+    (`transition_batch`, the online stage). A pytree: jit, scan, vmap and sharding see nine arrays.
+    """
+
+    h_t: Any             # (B, D) float32 frozen-encoder vector of s_t
+    h_tp1: Any           # (B, D) float32 of s_{t+1}
+    e_o: Any             # (B, D) float32 of the response o_t
+    action: Any          # (B,) int32 pool index of m_t
+    reward: Any          # (B,) float32 r_t
+    done: Any            # (B,) float32 d_t
+    mc_return: Any       # (B,) float32 G_t
+    available: Any       # (B, M) bool at s_t
+    next_available: Any  # (B, M) bool at s_{t+1}
+
+
+def transition_batch(rows: dict[str, np.ndarray], states: np.ndarray, responses: np.ndarray) -> Batch:
+    """An episode's `episode_rows` with its vectors: states (T + 1, D) s_0..s_T, responses (T, D)."""
+    return Batch(h_t=states[:-1], h_tp1=states[1:], e_o=responses, action=rows["action"],
+                 reward=rows["reward"].astype(np.float32), done=rows["done"].astype(np.float32),
+                 mc_return=rows["mc_return"].astype(np.float32), available=rows["available"],
+                 next_available=rows["next_available"])
+
+
+_ROW_COLUMNS = ("action", "reward", "done", "mc_return", "available", "next_available")
 
 
 def build_replay(
@@ -108,28 +155,20 @@ def build_replay(
         raise ValueError("no episodes: the corpus is empty")
     table = _TextTable()
     card_text = np.array([table.add(card.description) for card in pool.cards], np.int32)
-    columns: dict[str, list] = {k: [] for k in ("state", "next_state", "response", "action", "reward", "done",
-                                                 "mc_return", "available", "next_available", "episode")}
+    columns: dict[str, list] = {k: [] for k in ("state", "next_state", "response", "episode", *_ROW_COLUMNS)}
     for e_idx, episode in enumerate(episodes):
         states = [table.add(text) for text in
                   episode_state_texts(episode.task.prompt, episode.turns, count_tokens, max_tokens)]
-        rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, c_ref)
-        returns = discounted_returns(rewards, gamma)
-        masks = [_availability(t.available, pool) for t in episode.turns] + [_availability(None, pool)]
-        last = len(episode.turns) - 1
-        for t, turn in enumerate(episode.turns):
-            columns["state"].append(states[t])
-            columns["next_state"].append(states[t + 1])
-            columns["response"].append(table.add(turn.response))
-            columns["action"].append(pool.index(turn.model))
-            columns["reward"].append(rewards[t])
-            columns["done"].append(float(t == last))
-            columns["mc_return"].append(returns[t])
-            columns["available"].append(masks[t])
-            columns["next_available"].append(masks[t + 1])
-            columns["episode"].append(e_idx)
-    int_cols = ("state", "next_state", "response", "action", "episode")
-    arrays = {k: np.asarray(v, np.int32 if k in int_cols else None) for k, v in columns.items()}
+        columns["state"].append(states[:-1])
+        columns["next_state"].append(states[1:])
+        columns["response"].append([table.add(turn.response) for turn in episode.turns])
+        columns["episode"].append([e_idx] * len(episode.turns))
+        rows = episode_rows(episode, pool, lam, gamma, c_ref)
+        for k in _ROW_COLUMNS:
+            columns[k].append(rows[k])
+    arrays = {k: np.concatenate([np.asarray(c) for c in v]) for k, v in columns.items()}
+    for k in ("state", "next_state", "response", "episode"):
+        arrays[k] = arrays[k].astype(np.int32)
     for k in ("reward", "done", "mc_return"):
         arrays[k] = arrays[k].astype(np.float32)
     return Replay(**arrays, episode_ids=tuple(e.episode_id for e in episodes), texts=table.texts(),

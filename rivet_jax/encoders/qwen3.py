@@ -20,7 +20,7 @@ passes up to float rounding (tests: 1e-4), so the option is not part of the fing
 
 The checkpoint directory holds `config.json`, `model.safetensors` (or a sharded index) with Qwen3's key names
 (with or without a `model.` prefix) and, for `encode`, the tokenizer files. Shared machinery (checkpoint files,
-param conversion, bucketed batching) lives in bert.py.
+param conversion, bucketed batching, device calls) lives in runtime.py.
 """
 
 from __future__ import annotations
@@ -38,23 +38,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from rivet_jax.encoders.base import as_text_list, l2_normalise_rows
-from rivet_jax.encoders.bert import (
+from rivet_jax.encoders.prefix_reuse import pack_reuse_batch, plan_reuse_rows, scatter_members
+from rivet_jax.encoders.runtime import (
     TOKENIZER_FILES,
+    CheckpointLayout,
+    JittedEncoder,
     KeySpec,
     bucket_lengths,
     call_jitted,
-    checkpoint_digest,
+    check_model_type,
     convert_checkpoint,
     dispatch_batches,
-    load_tensors,
+    load_params,
     load_tokenizer,
-    place_params,
-    read_json,
+    read_config,
+    required_fields,
     resolve_dtype,
     run_batches,
     weight_files,
 )
-from rivet_jax.encoders.prefix_reuse import ReuseRow, pack_reuse_rows, plan_reuse_rows
 
 # Bump whenever the computation changes in a way that could move vectors: it is in the fingerprint.
 QWEN3_VERSION = 1
@@ -63,7 +65,13 @@ END_OF_TEXT = "<|endoftext|>"
 # The serialization budget (16,384 tokens, App. B.3) plus room for an instruction and the end token: a default
 # state is never truncated (truncation would drop its newest turns, which are at the end).
 DEFAULT_MAX_LENGTH = 16_384 + 512
+# Files besides the weights and the tokenizer whose content can change the vectors (in the fingerprint).
 QWEN3_CONFIG_FILES = ("config.json", "generation_config.json", "config_sentence_transformers.json")
+# transformers' Qwen3Model keys, with or without a "model." prefix. An LM head (tied to embed_tokens in
+# Qwen3-Embedding) and RoPE buffers are not encoder weights.
+QWEN3_LAYOUT = CheckpointLayout(
+    what="Qwen3", layer_prefix="layers.", prefixes=("model.",), ignored=("lm_head.", "rotary_emb.inv_freq")
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,22 +81,17 @@ class Qwen3Config:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # need not be hidden_size / num_heads (Qwen3-Embedding-0.6B: 128, not 1024 / 16)
     intermediate_size: int
     max_position_embeddings: int
     rms_norm_eps: float
     rope_theta: float
-    attention_bias: bool
+    attention_bias: bool  # whether the q, k, v and o projections have biases
 
     @classmethod
     def from_dict(cls, config: Mapping[str, Any], where: str = "config.json") -> Qwen3Config:
         """Read a transformers Qwen3Config dict; refuse other architectures and variants this module lacks."""
-        model_type = config.get("model_type")
-        if model_type != "qwen3":
-            raise ValueError(
-                f"{where}: unknown architecture model_type={model_type!r} "
-                f"(architectures {config.get('architectures')}); Qwen3Encoder reads model_type 'qwen3' only"
-            )
+        check_model_type(config, "qwen3", "Qwen3Encoder", where)
         # transformers 5 nests RoPE settings in rope_parameters; older configs have rope_theta / rope_scaling.
         rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -102,7 +105,7 @@ class Qwen3Config:
         hidden_act = config.get("hidden_act", "silu")
         if hidden_act != "silu":
             raise ValueError(f"{where}: hidden_act {hidden_act!r} is not supported (only 'silu')")
-        try:
+        with required_fields(where):
             hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
             result = cls(
                 vocab_size=int(config["vocab_size"]),
@@ -117,8 +120,6 @@ class Qwen3Config:
                 rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10_000.0))),
                 attention_bias=bool(config.get("attention_bias", False)),
             )
-        except KeyError as error:
-            raise ValueError(f"{where}: missing field {error.args[0]!r}") from None
         if result.num_heads % result.num_kv_heads:
             raise ValueError(f"{where}: {result.num_heads} query heads not divisible by {result.num_kv_heads} KV heads")
         return result
@@ -127,7 +128,7 @@ class Qwen3Config:
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, the statistics in float32 whatever the compute dtype (as transformers does)."""
 
-    eps: float
+    eps: float  # rms_norm_eps, added to the mean square
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -282,19 +283,7 @@ def qwen3_key_specs(config: Qwen3Config) -> tuple[dict[str, KeySpec], dict[str, 
 
 def qwen3_params_from_tensors(tensors: Mapping[str, np.ndarray], config: Qwen3Config, dtype: Any = np.float32) -> dict:
     """Qwen3Model's linen params from a safetensors dict (with or without a 'model.' prefix). Pure."""
-    global_specs, layer_specs = qwen3_key_specs(config)
-    return convert_checkpoint(
-        tensors,
-        global_specs,
-        layer_specs,
-        num_layers=config.num_layers,
-        layer_prefix="layers.",
-        prefixes=("model.",),
-        # An LM head (tied to embed_tokens in Qwen3-Embedding) and RoPE buffers are not encoder weights.
-        ignored=("lm_head.", "rotary_emb.inv_freq"),
-        dtype=dtype,
-        what="Qwen3",
-    )
+    return convert_checkpoint(tensors, *qwen3_key_specs(config), config.num_layers, QWEN3_LAYOUT, dtype)
 
 
 def last_token_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
@@ -307,7 +296,7 @@ def last_token_pool(hidden: jax.Array, attention_mask: jax.Array) -> jax.Array:
     return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
 
-class Qwen3Encoder:
+class Qwen3Encoder(JittedEncoder):
     """A frozen Qwen3-Embedding encoder: last-token pooling over a left-padded Qwen3 decoder, L2-normalised.
 
     encode(texts) strips each text, prefixes `Instruct: {instruction}\\nQuery:` when an instruction is given
@@ -315,10 +304,10 @@ class Qwen3Encoder:
     max_length - 1 tokens and ends every text with <|endoftext|> (appended unless the tokenizer already does),
     then runs length-bucketed jit-compiled batches: with prefix_reuse (the default) one prefix-tree row per group
     of texts sharing a host text's leading ids (see the module docstring), else one left-padded row per text.
-    encode_token_ids (what encode runs after tokenising), encode_ids and hidden_states take token ids directly,
-    which is all a checkpoint without tokenizer files supports. count_tokens counts the text's tokens alone (no
-    instruction, no end token, no truncation). dtype="bfloat16" keeps params and activations in bf16 (norm
-    statistics, softmax, pooling and the output in float32).
+    encode_token_ids (what encode runs after tokenising), encode_ids and hidden_states (JittedEncoder; left-padded)
+    take token ids directly, which is all a checkpoint without tokenizer files supports. count_tokens counts the
+    text's tokens alone (no instruction, no end token, no truncation). dtype="bfloat16" keeps params and
+    activations in bf16 (norm statistics, softmax, pooling and the output in float32).
     """
 
     name = "qwen3"
@@ -351,7 +340,7 @@ class Qwen3Encoder:
         self.instruction = instruction
         self.prefix_reuse = bool(prefix_reuse)
 
-        self.config = Qwen3Config.from_dict(read_json(directory / "config.json"), str(directory / "config.json"))
+        self.config = read_config(directory, Qwen3Config.from_dict)
         self.dim = self.config.hidden_size
         self.max_length = min(int(max_length), self.config.max_position_embeddings)
         files = weight_files(directory)
@@ -359,11 +348,8 @@ class Qwen3Encoder:
         self.tokenizer = load_tokenizer(directory) if has_tokenizer else None
         self._end_id, self._appends_end = self._end_token() if self.tokenizer is not None else (None, False)
         self.model = Qwen3Model(self.config, self.dtype)
-        tensors = load_tensors(files)
-        self.params = place_params(qwen3_params_from_tensors(tensors, self.config, self.dtype))
-        del tensors
-        names = [*TOKENIZER_FILES, *QWEN3_CONFIG_FILES, *(f.name for f in files)]
-        self.checkpoint_sha256 = checkpoint_digest(directory, names)
+        convert = functools.partial(qwen3_params_from_tensors, config=self.config, dtype=self.dtype)
+        self.params, self.checkpoint_sha256 = load_params(directory, files, convert, QWEN3_CONFIG_FILES)
         self._buckets = bucket_lengths(self.max_length)
         self._pooled = jax.jit(functools.partial(_qwen3_pooled, self.model))
         self._tree_pooled = jax.jit(functools.partial(_qwen3_tree_pooled, self.model))
@@ -444,15 +430,13 @@ class Qwen3Encoder:
     def _pooled_with_prefix_reuse(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """(N, dim) float32 unnormalised end-token states: prefix-tree rows (plan_reuse_rows), batched by length.
 
-        The end-slot count of a batch is rounded up to a power of two, like its row count, so the compiled shapes
-        stay few (bucket x rows x slots).
+        pack_reuse_batch rounds a batch's end-slot count up to a power of two, like its row count, so the compiled
+        shapes stay few (bucket x rows x slots).
         """
         rows = plan_reuse_rows(token_ids, self.max_length)
 
         def pack(indices: np.ndarray, pad: int, num_rows: int) -> tuple[np.ndarray, ...]:
-            batch = [rows[i] for i in indices]
-            num_slots = 1 << (max(len(row.branches) for row in batch) - 1).bit_length()
-            return pack_reuse_rows(batch, pad, num_rows, num_slots, self._pad_id())
+            return pack_reuse_batch([rows[i] for i in indices], pad, num_rows, self._pad_id())
 
         out = np.zeros((len(token_ids), self.dim), dtype=np.float32)  # (N, dim)
         for indices, result in dispatch_batches(
@@ -468,21 +452,6 @@ class Qwen3Encoder:
         if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
             return int(self.tokenizer.pad_token_id)
         return 0 if self._end_id is None else int(self._end_id)
-
-    def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """(B, dim) float32 L2-normalised last-token embeddings of (B, L) token ids, as given (no bucketing).
-
-        The ids should end with the end token, as `tokenize` makes them.
-        """
-        return l2_normalise_rows(np.asarray(self._forward(input_ids, attention_mask), dtype=np.float32))
-
-    def hidden_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """(B, L, D) float32 final-normed hidden states of (B, L) token ids; padded positions are meaningless."""
-        hidden = call_jitted(self._hidden, {"params": self.params}, self.dtype, input_ids, attention_mask)
-        return np.asarray(hidden, dtype=np.float32)
-
-    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
-        return call_jitted(self._pooled, self.params, self.dtype, input_ids, attention_mask)
 
     def _forward_tree(self, *arrays: np.ndarray) -> jax.Array:  # pack_reuse_rows' five arrays -> (R, S, D)
         return call_jitted(self._tree_pooled, self.params, self.dtype, *arrays)
@@ -505,9 +474,3 @@ def _qwen3_tree_pooled(model: Qwen3Model, params: dict, input_ids, positions, se
         {"params": params}, input_ids, positions, segments, starts, method=Qwen3Model.prefix_tree
     )  # (B, L, D)
     return jnp.take_along_axis(hidden, end_slots[:, :, None], axis=1).astype(jnp.float32)
-
-
-def scatter_members(out: np.ndarray, row: ReuseRow, states: np.ndarray) -> None:
-    """Write branch k's end-token state states[k] (of (S, D)) into out[i] for every input index i it stands for."""
-    for branch, state in zip(row.branches, states):
-        out[list(branch.members)] = state

@@ -2,7 +2,7 @@
 
 The way such routers are usually written: `nn.Module`s, eager autograd, `torch.optim.AdamW` after
 `clip_grad_norm_`, a deep-copied target network synced every `target_sync_steps`, each batch gathered from the
-embedding table in torch. It reproduces `train.batch_loss` and `train.make_optimizer` (checked against them in
+embedding table in torch. It reproduces `losses.rivet_loss` and `learner.make_optimizer` (checked against them in
 tests/test_torch_reference.py), so the steps/s of `benchmark_update` and of the JAX update measure one computation.
 
 torch is never a requirement of the project: nothing here imports it before a function that needs it is called,
@@ -190,7 +190,7 @@ def flax_grads(net) -> dict:
 
 
 def to_torch_data(data) -> dict:
-    """A `train.TrainData` as torch tensors (host memory; indices as int64, torch's index type)."""
+    """A `corpus.TrainData` as torch tensors (host memory; indices as int64, torch's index type)."""
     import torch
 
     def tensor(x):
@@ -208,7 +208,7 @@ def cards(tdata: dict):
 
 
 def gather_batch(tdata: dict, idx) -> dict:
-    """`train.gather_batch` in torch: the transitions `idx` (B,) with their embeddings looked up."""
+    """`corpus.gather_batch` in torch: the transitions `idx` (B,) with their embeddings looked up."""
     batch = {k: v[idx] for k, v in tdata["replay"].items()}
     embeddings = tdata["embeddings"]
     return {"h_t": embeddings[batch["state"]], "h_tp1": embeddings[batch["next_state"]],
@@ -220,7 +220,7 @@ def gather_batch(tdata: dict, idx) -> dict:
 
 
 def batch_loss(net, target_net, batch: dict, cards_: tuple, config: Any, stage: str = "td"):
-    """`train.batch_loss` in torch: (loss, metrics) with MC: fit(G); TD: fit(Y) + alpha CQL."""
+    """`losses.rivet_loss` in torch: (loss, metrics) with MC: fit(G); TD: fit(Y) + alpha CQL."""
     import torch
     import torch.nn.functional as F
 
@@ -259,7 +259,7 @@ def batch_loss(net, target_net, batch: dict, cards_: tuple, config: Any, stage: 
 
 
 class Trainer:
-    """Online and target nets, AdamW and the step counter: `train.TrainState` + `apply_gradients` in torch."""
+    """Online and target nets, AdamW and the step counter: `learner.TrainState` + `apply_gradients` in torch."""
 
     def __init__(self, config: Any, params: dict, state_dim: int, card_fields: int, stage: str = "td",
                  learning_rate: float | None = None):
@@ -312,7 +312,7 @@ def _torch_threads(threads: int | None):
 
 
 def benchmark_update(config: Any, data, pool, steps: int = 200, stage: str = "td", threads: int | None = None) -> dict:
-    """Steps/s of the eager torch update (TD+CQL by default) on `data` (a `train.TrainData`), from the same initial
+    """Steps/s of the eager torch update (TD+CQL by default) on `data` (a `corpus.TrainData`), from the same initial
     parameters and with the same batches as `benchmark._time_single_steps`; the first step (allocations) untimed.
 
     `threads` sets torch's intra-op threads for the measurement. On a busy machine the default (one OpenMP thread
@@ -321,7 +321,7 @@ def benchmark_update(config: Any, data, pool, steps: int = 200, stage: str = "td
     import torch
 
     from rivet_jax.networks import make_network
-    from rivet_jax.train import make_optimizer, template_state
+    from rivet_jax.learner import make_optimizer, template_state
 
     state_dim, card_fields = int(data.embeddings.shape[1]), int(data.card_x.shape[1])
     params = template_state(config, make_network(config), make_optimizer(config), state_dim, pool, stage).params

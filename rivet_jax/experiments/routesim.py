@@ -17,18 +17,16 @@ episodes per task, the same seeds for every router).
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import ml_collections
 import numpy as np
 from absl import logging
-from matplotlib.figure import Figure  # figures straight to files: no pyplot state, no display backend
 
-from rivet_jax import evaluation, online, pipelines, train
+from rivet_jax import evaluation, online, train
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import (ClusterRouter, ContrastiveRouter, KNNRouter,
                                              MatrixFactorizationRouter)
@@ -39,38 +37,75 @@ from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episode
 from rivet_jax.envs.routesim import RouteSim, make_routesim
+from rivet_jax.experiments import report
+from rivet_jax.experiments.common import MAIN, check_same_config, train_seeds, with_overrides
 from rivet_jax.router import Router
 
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
              "w/o response": {"loss.zero_response": True}}
-MAIN = "RIVET (ours)"
 
 
-# ------------------------------------------------------------------------------------------------ training
+# ------------------------------------------------------------------------------------ corpus and one router
 
 
-def _slug(name: str) -> str:
-    return name.lower().replace("w/o ", "no_").replace(" ", "_").replace("(", "").replace(")", "")
+def collect(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
+    """Writes (or finds) the logged corpus; returns its directory."""
+    corpus = Path(workdir) / "corpus"
+    check_same_config(corpus / "config.json", {"sim": config.sim.to_dict(), "collect": config.collect.to_dict()})
+    if (corpus / collect_lib.EPISODES_FILE).exists():
+        logging.info("Corpus already in %s", corpus)
+        return corpus
+    sim = make_routesim(config.sim)
+    started = time.perf_counter()
+    episodes = collect_lib.collect_corpus(sim, config.collect.split, config.collect.seed)
+    collect_lib.write_corpus(corpus, sim, episodes)
+    logging.info("Collected %d episodes (%d transitions) in %.2fs into %s", len(episodes),
+                 sum(len(e.turns) for e in episodes), time.perf_counter() - started, corpus)
+    return corpus
 
 
-def run_config(config: ml_collections.ConfigDict, corpus: Path, workdir: Path, seed: int,
-               overrides: dict[str, Any], stage: str) -> ml_collections.ConfigDict:
-    """The training config of one run: the corpus, a shared embedding cache, the seed and the overrides."""
-    return pipelines.with_overrides(pipelines.training_config(config, corpus), {
-        "data.embedding_cache": str(workdir / "embeddings"), "seed": seed, "stage": stage, **overrides})
+def corpus_files(corpus: Path) -> tuple[Path, Path]:
+    """The episodes and model cards of a collected corpus directory."""
+    return corpus / collect_lib.EPISODES_FILE, corpus / collect_lib.CARDS_FILE
 
 
-def train_runs(config, corpus: Path, workdir: Path, group: str, overrides: dict, stage: str,
-               log: Callable[[str], None]) -> list[Path]:
-    """Trains (or resumes) one run per seed; returns their directories."""
-    dirs = []
-    for seed in config.reproduce.seeds:
-        run_dir = workdir / "runs" / group / f"seed_{seed}"
-        started = time.perf_counter()
-        train.train(run_config(config, corpus, workdir, seed, overrides, stage), run_dir)
-        log(f"trained {group} seed {seed} ({stage}) in {time.perf_counter() - started:.1f}s")
-        dirs.append(run_dir)
-    return dirs
+def training_config(config: ml_collections.ConfigDict, corpus: Path) -> ml_collections.ConfigDict:
+    """`config` with its data pointed at the collected corpus."""
+    episodes, cards = corpus_files(corpus)
+    return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards)})
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str | Path, router_dir: str | Path) -> dict:
+    """The trained router (rollouts) against the oracle, the fixed models and the random router (exact)."""
+    sim = make_routesim(config.sim)
+    router = Router.from_checkpoint(router_dir)
+    lam, gamma, c_ref = router.config.reward.lam, router.config.reward.gamma, router.c_ref
+    split = config.evaluate.split
+    started = time.perf_counter()
+    exact = oracle.policy_report(sim, split, lam, gamma, c_ref)
+    episodes = evaluation.rollout(sim, RouterPolicy(router), split, config.evaluate.rollouts_per_task,
+                                  config.evaluate.seed)
+    learned = evaluation.episode_metrics(episodes, lam, gamma, c_ref, config.evaluate.rollouts_per_task)
+    reference = oracle.most_accurate_fixed(exact, sim.pool.names)
+    rows = evaluation.compare_with_oracle({"rivet": learned, **exact}, exact["oracle"], reference)
+    result = {"split": split, "lambda": lam, "gamma": gamma, "c_ref": c_ref, "reference": reference,
+              "rollouts_per_task": config.evaluate.rollouts_per_task, "rows": rows,
+              "seconds": time.perf_counter() - started}
+    title = (f"RouteSim {split} ({len(sim.tasks(split))} tasks), lambda {lam}: cost vs {reference}; regret = "
+             f"oracle J - J")
+    table = evaluation.format_table(rows, title)
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    (Path(workdir) / "evaluation.md").write_text(table + "\n", encoding="utf-8")
+    (Path(workdir) / "evaluation.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    logging.info("\n%s", table)
+    return result
+
+
+def run_routesim(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """`launch.evaluate`: collect -> train RIVET offline (MC then TD) into <workdir>/train/ -> evaluate."""
+    router_dir = Path(workdir) / "train"
+    train.train(training_config(config, collect(config, workdir)), router_dir)
+    return evaluate(config, workdir, router_dir)
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -266,81 +301,7 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 # -------------------------------------------------------------------------------------------------- plots
 
 
-def _plot_lambda(rows: list[dict], path: Path) -> None:
-    fig = Figure(figsize=(10, 3.8))
-    axes = fig.subplots(1, 2)
-    for router, style in ((MAIN, "o-"), ("oracle", "s--")):
-        pts = [r for r in rows if r["router"] == router]
-        lams = [r["lambda"] for r in pts]
-        axes[0].errorbar(lams, [r["accuracy"] for r in pts], yerr=[r.get("accuracy_sd", 0) for r in pts],
-                         fmt=style, label=router, capsize=3)
-        axes[1].errorbar(lams, [r["cost_usd"] for r in pts], yerr=[r.get("cost_usd_sd", 0) for r in pts],
-                         fmt=style, label=router, capsize=3)
-    for ax, label in zip(axes, ("accuracy", "total test cost ($)")):
-        ax.set_xscale("symlog", linthresh=0.01)
-        ax.set_xlabel("lambda")
-        ax.set_ylabel(label)
-        ax.legend()
-    fig.suptitle("Cost-coefficient sweep (test manifest)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _plot_curve(rows: list[dict], path: Path) -> None:
-    fig = Figure(figsize=(6, 3.8))
-    ax = fig.subplots()
-    x = [r["trajectories"] for r in rows]
-    ax.errorbar(x, [r["accuracy"] for r in rows], yerr=[r["accuracy_sd"] for r in rows], fmt="o-", color="C0",
-                capsize=3, label="accuracy")
-    ax.set_xlabel("online trajectories")
-    ax.set_ylabel("test accuracy", color="C0")
-    twin = ax.twinx()
-    twin.errorbar(x, [r["cost_usd"] for r in rows], yerr=[r["cost_usd_sd"] for r in rows], fmt="s--", color="C1",
-                  capsize=3, label="cost")
-    twin.set_ylabel("total test cost ($)", color="C1")
-    ax.set_title("Online adaptation")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _plot_scatter(rows: list[dict], path: Path) -> None:
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    frontier = sorted((r for r in rows if r["router"] == "oracle frontier"), key=lambda r: r["cost_usd"])
-    ax.plot([r["cost_usd"] for r in frontier], [r["accuracy"] for r in frontier], "k--", label="oracle frontier")
-    for r in rows:
-        if r["router"] != "oracle frontier":
-            ax.scatter(r["cost_usd"], r["accuracy"], s=30)
-            ax.annotate(r["router"].replace("fixed:", ""), (r["cost_usd"], r["accuracy"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("total test cost ($, log scale)")
-    ax.set_ylabel("test accuracy")
-    ax.legend(loc="lower right")
-    ax.set_title("Accuracy-cost of every router")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 # -------------------------------------------------------------------------------------------------- report
-
-
-def _cell(row: dict, key: str, digits: int) -> str:
-    value = row.get(key)
-    if value is None:
-        return ""
-    text = f"{value:.{digits}f}"
-    sd = row.get(f"{key}_sd")
-    return f"{text} ± {sd:.{digits}f}" if sd is not None else text
-
-
-def markdown_table(rows: list[dict], columns: Sequence[tuple[str, str, int]]) -> str:
-    """columns: (key, header, digits); digits < 0 for text."""
-    lines = ["| " + " | ".join(h for _, h, _ in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(str(row.get(k, "")) if d < 0 else _cell(row, k, d) for k, _, d in columns)
-                     + " |")
-    return "\n".join(lines)
 
 
 _MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
@@ -366,34 +327,8 @@ TABLES = {
                 [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3)]),
 }
-PLOTS = {"lambda_sweep": _plot_lambda, "online_curve": _plot_curve, "scatter": _plot_scatter}
-
-
-def write_outputs(workdir: Path, experiments: dict[str, list[dict]], meta: dict, title: str,
-                  tables: dict = TABLES, plots: dict = PLOTS) -> str:
-    """report.md (a section per experiment: `tables[name]` = (title, columns), plot if `plots[name]`),
-    results.json ({"experiments": {name: {"rows": [...]}}, "meta": ...}) and results/<name>.{json,csv,png}."""
-    results = workdir / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    sections = [f"# {title}\n\n{meta['summary']}\n"]
-    for name, rows in experiments.items():
-        (results / f"{name}.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n", encoding="utf-8")
-        keys = sorted({k for r in rows for k in r})
-        with open(results / f"{name}.csv", "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(rows)
-        heading, columns = tables[name]
-        section = f"## {heading}\n\n{markdown_table(rows, columns)}\n"
-        if name in plots:
-            plots[name](rows, results / f"{name}.png")
-            section += f"\n![{name}](results/{name}.png)\n"
-        sections.append(section)
-    report = "\n".join(sections)
-    (workdir / "report.md").write_text(report, encoding="utf-8")
-    (workdir / "results.json").write_text(json.dumps({"experiments": {n: {"rows": r} for n, r in experiments.items()},
-                                                      "meta": meta}, indent=2) + "\n", encoding="utf-8")
-    return report
+PLOTS = {"lambda_sweep": report.plot_lambda_sweep, "online_curve": report.plot_online_curve,
+         "scatter": report.plot_scatter}
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -423,21 +358,25 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     lam, rp = config.reward.lam, config.reproduce
     log("collect the logged corpus", 1)
-    corpus = pipelines.collect(config, workdir)
+    corpus = collect(config, workdir)
+    episodes_path, cards_path = corpus_files(corpus)
+
+    def train_runs(variant: str, overrides: dict, stage: str) -> list[Path]:
+        return train_seeds(config, episodes_path, cards_path, workdir, variant, overrides, stage, rp.seeds, log)
+
     log("train RIVET (MC -> TD -> online) for every seed", 2)
-    main_dirs = train_runs(config, corpus, workdir, "rivet", {}, "all", log)
+    main_dirs = train_runs("rivet", {}, "all")
     log("train the ablations", 3)
-    ablation_dirs = {name: train_runs(config, corpus, workdir, _slug(name), overrides, "all", log)
-                     for name, overrides in ABLATIONS.items()}
+    ablation_dirs = {name: train_runs(name, overrides, "all") for name, overrides in ABLATIONS.items()}
     log("train RIVET at the other lambdas of the sweep", 4)
     sweep_dirs = {float(lam): main_dirs}
     for sweep_lam in rp.lambdas:
         if float(sweep_lam) != float(lam):
-            sweep_dirs[float(sweep_lam)] = train_runs(config, corpus, workdir, f"lambda_{sweep_lam}",
-                                                      {"reward.lam": float(sweep_lam)}, rp.sweep_stage, log)
+            sweep_dirs[float(sweep_lam)] = train_runs(f"lambda_{sweep_lam}", {"reward.lam": float(sweep_lam)},
+                                                      rp.sweep_stage)
     log("fit the baselines", 5)
     sim = make_routesim(config.sim)
-    episodes = read_episodes(corpus / collect_lib.EPISODES_FILE, sim.pool).episodes
+    episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
@@ -474,6 +413,6 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
-    write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments")
+    report.write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments", TABLES, PLOTS)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}

@@ -18,12 +18,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rivet_jax.corpus import TrainData
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelCard, ModelPool
+from rivet_jax.learner import init_train_state, make_optimizer, template_state
 from rivet_jax.networks import make_network
 from rivet_jax.sharding import make_mesh
-from rivet_jax.train import (TrainData, init_train_state, make_optimizer, make_train_chunk, make_train_epoch,
-                             make_train_step, run_host_batches, template_state)
+from rivet_jax.train import make_train_chunk, make_train_epoch, make_train_step, run_host_batches
 
 PAPER_TRANSITIONS = 7_492
 REPEATS = 3  # scaling points: the median of this many timed runs (a shared machine's noise is one-sided)
@@ -239,7 +240,7 @@ def _synthetic_texts(num_texts: int = 200, words: int = 30) -> list[str]:
 def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
     """Texts per second of the hashing and (when its package is installed) the JAX MiniLM encoder, warm; with torch
     and sentence-transformers installed, the reference MiniLM on the same texts beside them."""
-    from rivet_jax import torch_reference
+    from rivet_jax.bench import torch_reference
     from rivet_jax.encoders import HashingEncoder, make_encoder
 
     texts = _synthetic_texts(num_texts, words)
@@ -265,7 +266,7 @@ def _encoder_throughput(num_texts: int = 200, words: int = 30) -> dict:
 def _torch_reference(config, data, pool, steps: int, jax_rates: dict) -> dict:
     """The eager PyTorch port of the same update (rivet_jax/torch_reference.py) on the same data, when torch is
     installed: steps/s with torch's default threads and with one, and JAX's rates over them."""
-    from rivet_jax import torch_reference
+    from rivet_jax.bench import torch_reference
 
     reason = torch_reference.missing_reason("torch")
     if reason is not None:
@@ -377,8 +378,8 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
 
 
 def _prefix_reuse(mint_dir: str, fixture_dir: str) -> dict:
-    """Qwen3 prefix reuse on the MINT logs (rivet_jax/encoders/prefix_reuse.py), when both directories exist."""
-    from rivet_jax.encoders.prefix_reuse import prefix_reuse_report
+    """Qwen3 prefix reuse on the MINT logs (rivet_jax/bench/prefix_reuse_report.py), when both directories exist."""
+    from rivet_jax.bench.prefix_reuse_report import prefix_reuse_report
 
     missing = [d for d in (mint_dir, fixture_dir) if not Path(d).is_dir()]
     if missing:

@@ -27,15 +27,14 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
-from rivet_jax import train
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
 from rivet_jax.data.mint import convert_mint, load_manifest
-from rivet_jax.data.replay import discounted_returns, reference_cost, turn_rewards
+from rivet_jax.data.replay import episode_rows, reference_cost
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
-from rivet_jax.experiments import write_outputs
-from rivet_jax.pipelines import with_overrides
+from rivet_jax.experiments.common import train_seeds
+from rivet_jax.experiments.report import save_figure, write_outputs
 from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
@@ -96,19 +95,11 @@ def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
 # ------------------------------------------------------------------------------------------------ training
 
 
-def _run_config(config, data: MintData, workdir: Path, seed: int, overrides: dict) -> ml_collections.ConfigDict:
-    return with_overrides(config, {"data.episodes": str(data.train_path), "data.cards": str(data.cards_path),
-                                   "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
-                                   "stage": "offline", **overrides})
-
-
-def _train(config, data: MintData, workdir: Path, group: str, seed: int, overrides: dict,
+def _train(config, data: MintData, workdir: Path, variant: str, seed: int, overrides: dict,
            log: Callable[[str], None]) -> Router:
-    run_dir = workdir / "runs" / group.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "") / \
-        f"seed_{seed}"
-    started = time.perf_counter()
-    train.train(_run_config(config, data, workdir, seed, overrides), run_dir)
-    log(f"trained {group} seed {seed} in {time.perf_counter() - started:.1f}s")
+    """One offline (MC + TD) run of `variant` on the training split, as a router."""
+    run_dir, = train_seeds(config, data.train_path, data.cards_path, workdir, variant, overrides, "offline", [seed],
+                           log)
     return Router.from_checkpoint(run_dir)
 
 
@@ -152,17 +143,16 @@ def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store
     `store` (for the router's encoder) embeds each distinct state once across every router evaluated.
     """
     texts, actions, returns = [], [], []
-    lam = router.config.reward.lam
     for episode in episodes:
-        rewards = turn_rewards(np.array([t.cost for t in episode.turns]), episode.outcome, lam, router.c_ref)
-        returns.extend(discounted_returns(rewards, gamma))
-        for t, turn in enumerate(episode.turns):
-            texts.append(router.state_text(episode.task.prompt, episode.turns[:t]))
-            actions.append(router.pool.index(turn.model))
+        rows = episode_rows(episode, router.pool, router.config.reward.lam, gamma, router.c_ref)
+        returns.append(rows["mc_return"])
+        actions.append(rows["action"])
+        texts += [router.state_text(episode.task.prompt, episode.turns[:t]) for t in range(len(episode.turns))]
     h = store.embed(texts) if store is not None else router.encoder.encode(texts)    # (N, D)
     q = router.scores_from_embeddings(h)                                              # (N, M)
+    actions = np.concatenate(actions)
     predicted = q[np.arange(len(actions)), actions]
-    return float(np.mean((predicted - np.asarray(returns)) ** 2))
+    return float(np.mean((predicted - np.concatenate(returns)) ** 2))
 
 
 def _interval(values: Sequence[float]) -> dict:
@@ -193,8 +183,7 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("total test cost ($, log scale)")
     ax.set_ylabel("test accuracy (committed routing)")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 TABLES = {

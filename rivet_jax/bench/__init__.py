@@ -1,0 +1,1 @@
+"""Benchmarks and references that measure the method: speed, FLOPs, a PyTorch twin, Qwen3 prefix reuse."""

@@ -1,0 +1,159 @@
+"""The training corpus: finding the logs, reading and embedding them, and gathering batches from the result.
+
+    logs (config.data.episodes + cards, or the RouteSim demo asked for with config.data.demo)
+      -> validated episodes -> `Replay` (text-indexed transitions, data/replay.py)
+      -> every distinct text embedded once by the frozen encoder (cached in the workdir)
+      -> `TrainData` (the embedding table + replay arrays, on the device or on the host)
+      -> `gather_batch` -> `Batch`, what the losses read
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from rivet_jax import sharding
+from rivet_jax.data.cards import card_features
+from rivet_jax.data.replay import Batch, Replay, build_replay, reference_cost
+from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards
+from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
+from rivet_jax.encoders.table import host_table
+from rivet_jax.envs import collect
+
+
+class NoCorpusError(ValueError):
+    """No logs were configured and the demo corpus was not asked for."""
+
+
+@flax.struct.dataclass
+class TrainData:
+    """Everything an update reads. T texts of width D, M candidates, F card fields, N transitions.
+
+    Device-resident (jax arrays; batches are gathered inside the jit'ed epoch) or host-resident (numpy arrays, the
+    embedding table possibly a memory-mapped file; batches are gathered on the host and fed to the devices).
+    """
+
+    embeddings: Any  # (T, D) float32 frozen-encoder vectors of the text table
+    card_text: Any   # (M,) int32 rows of the card descriptions
+    card_x: Any      # (M, F) float32 structured card fields
+    card_mask: Any   # (M, F) float32 1 = field known
+    replay: dict     # per-transition arrays, see `Replay.arrays`
+
+    @property
+    def num_transitions(self) -> int:
+        return int(self.replay["action"].shape[0])
+
+    @property
+    def on_host(self) -> bool:
+        return isinstance(self.embeddings, np.ndarray)  # np.memmap included
+
+    def cards(self):
+        return self.embeddings[self.card_text], self.card_x, self.card_mask
+
+
+def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_host: bool = False) -> TrainData:
+    """The replay and its embedding table on the device, or (`on_host`) left where they are, e.g. on disk."""
+    card_x, card_mask = card_features(pool)
+    put = np.asarray if on_host else jnp.asarray
+    return TrainData(embeddings=embeddings if on_host else jnp.asarray(embeddings, jnp.float32),
+                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
+                     replay={k: put(v) for k, v in replay.arrays().items()})
+
+
+def gather_batch(data: TrainData, idx) -> Batch:
+    """The transitions `idx` (...,) with their vectors looked up in the text table.
+
+    The same code gathers inside jit (device-resident data) and with numpy on the host (host-resident data)."""
+    rows = jax.tree.map(lambda x: x[idx], data.replay)
+    return Batch(h_t=data.embeddings[rows["state"]], h_tp1=data.embeddings[rows["next_state"]],
+                 e_o=data.embeddings[rows["response"]], action=rows["action"], reward=rows["reward"],
+                 done=rows["done"], mc_return=rows["mc_return"], available=rows["available"],
+                 next_available=rows["next_available"])
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+    pool: ModelPool
+    encoder: Encoder
+    replay: Replay
+    data: TrainData
+    c_ref: float
+    skipped: int
+
+
+def corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
+    """The configured logs, or (`config.data.demo`) the RouteSim demo corpus collected once into the workdir."""
+    if config.data.episodes:
+        if not config.data.cards:
+            raise ValueError("config.data.episodes is set but config.data.cards is not: "
+                             "name the pool's model_cards.json")
+        return Path(config.data.episodes), Path(config.data.cards)
+    if not config.data.demo:
+        raise NoCorpusError("no logs to train on: pass --config.data.episodes=FILE.jsonl --config.data.cards="
+                            "CARDS.json, or --config.data.demo=True for a small RouteSim demo corpus")
+    directory = workdir / "data"
+    if not (directory / collect.EPISODES_FILE).exists():
+        logging.info("Collecting the RouteSim demo corpus (%d training tasks x 7 logging policies) into %s",
+                     config.data.demo_tasks, directory)
+        collect.write_demo_corpus(directory, config.data.demo_tasks, config.data.demo_seed)
+    return directory / collect.EPISODES_FILE, directory / collect.CARDS_FILE
+
+
+def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> PreparedData:
+    """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir)."""
+    workdir = Path(workdir)
+    episodes_path, cards_path = corpus_paths(config, workdir)
+    pool = read_model_cards(cards_path)
+    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid)
+    for error in episode_file.skipped:
+        logging.warning("skipped: %s", error)
+    if c_ref is None:
+        c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episode_file.episodes)
+    encoder = make_encoder(config.encoder)
+    replay = build_replay(episode_file.episodes, pool, count_tokens=encoder.count_tokens,
+                          max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
+                          c_ref=c_ref)
+    started = time.perf_counter()
+    cache_dir = Path(config.data.embedding_cache or workdir / "embeddings")
+    host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see train.make_host_fed_epoch
+    if host_fed:
+        embeddings, how = host_embeddings(config, encoder, cache_dir, replay), "host-fed table"
+    else:
+        store = EmbeddingStore(encoder, cache_dir)
+        embeddings = store.embed(replay.texts)
+        how = store.stats
+    logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
+                 len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
+                 time.perf_counter() - started, how)
+    data = make_train_data(replay, embeddings, pool, on_host=host_fed)
+    return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
+                        skipped=len(episode_file.skipped))
+
+
+def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:
+    """The text-table rows a replay slice reads (its states, next states, responses) and the cards, sorted."""
+    return np.unique(np.concatenate([replay.state[rows], replay.next_state[rows], replay.response[rows],
+                                     replay.card_text]))
+
+
+def host_embeddings(config, encoder: Encoder, cache_dir: Path, replay: Replay) -> np.ndarray:
+    """The table of a host-fed run: this process's rows only (sharded encoder pass), memory-mapped from
+    `<cache_dir>/tables/` when `config.data.embeddings_on_disk`."""
+    rows = slice_text_rows(replay, sharding.replay_slice(len(replay)))
+
+    def progress(done: int, total: int) -> None:
+        logging.info("embedded %d/%d texts of this host's replay slice", done, total)
+
+    return host_table(encoder, lambda: EmbeddingStore(encoder, cache_dir), replay.texts, rows,
+                      cache_dir / "tables" if config.data.embeddings_on_disk else None, progress)

@@ -1,0 +1,60 @@
+"""Opening, reading line by line and atomically writing the data files, with failures as `DataError`s.
+
+Shared by the episode and model-card readers/writers and the MINT converter, so that a missing file, a
+non-UTF-8 line or a half-written output is reported (or avoided) the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+from rivet_jax.data.validation import DataError, Where
+
+__all__ = ["PathLike", "open_error", "numbered_lines", "decode_line", "atomic_write_text"]
+
+PathLike = str | os.PathLike
+
+
+def open_error(path: str, err: OSError) -> DataError:
+    """The DataError for a file that could not be opened."""
+    if isinstance(err, FileNotFoundError):
+        return DataError(path, None, "<file>", "file does not exist")
+    return DataError(path, None, "<file>", f"cannot read file: {err.strerror or err}")
+
+
+def numbered_lines(path: str) -> Iterator[tuple[Where, bytes]]:
+    """(location, raw line) for each line of the file, numbered from 1; DataError if it cannot be opened."""
+    try:
+        f = open(path, "rb")  # bytes: line numbers count b"\n" only, like `wc -l`
+    except OSError as err:
+        raise open_error(path, err) from None
+    with f:
+        for line_no, raw in enumerate(f, start=1):
+            yield Where(path, line_no), raw
+
+
+def decode_line(raw: bytes, where: Where) -> str:
+    """The line as text; a byte-order mark is dropped on the first line only (where it may legitimately be)."""
+    try:
+        return raw.decode("utf-8-sig" if where.line == 1 else "utf-8")
+    except UnicodeDecodeError as err:
+        raise where.error("<json>", f"not valid UTF-8: {err.reason}") from None
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write via a temp file in the same directory + os.replace, so readers never see half a file."""
+    path_str = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path_str))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path_str)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path_str)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

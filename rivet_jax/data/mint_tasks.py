@@ -1,0 +1,143 @@
+"""Where MINT's files are, and its task files: the two directory layouts the converter reads.
+
+Two directory layouts are read (detected from what is there):
+
+- this project's copy (`../shared/mint`): `tasks/<subset>.jsonl`, `outputs/<model>/<subset>/results.jsonl`;
+- upstream `data/` of xingyaoww/mint-bench: `processed/<subset>/test_prompts.json` (JSONL despite the name) and
+  `outputs/<model>/F=None/max5_p2+tool+cd/reasoning/<subset>/results.jsonl` (other configurations are ignored).
+
+Malformed input raises `DataError(path, line, field, why)` like the schema readers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from rivet_jax.data.files import decode_line, numbered_lines
+from rivet_jax.data.schema import Task
+from rivet_jax.data.validation import DataError, Where, parse_json_line
+
+__all__ = [
+    "UPSTREAM_RUN",
+    "MintLayout",
+    "detect_layout",
+    "read_jsonl",
+    "parse_task_id",
+    "read_task_file",
+    "model_dirs",
+    "result_subsets",
+    "read_mint_tasks",
+]
+
+# Upstream keeps one directory per run configuration under each model; the logs this project uses are the
+# reasoning runs without LLM feedback, 5 actions, 2 proposals, tool + code.
+UPSTREAM_RUN = ("F=None", "max5_p2+tool+cd", "reasoning")
+
+
+@dataclasses.dataclass(frozen=True)
+class MintLayout:
+    """Where one MINT directory keeps its task files and each model's results files."""
+
+    name: str  # "shared" (this project's copy) or "upstream" (mint-bench's data/)
+    root: Path
+
+    def task_file(self, subset: str) -> Path:
+        if self.name == "shared":
+            return self.root / "tasks" / f"{subset}.jsonl"
+        return self.root / "processed" / subset / "test_prompts.json"
+
+    def run_dir(self, model_dir: Path) -> Path:
+        return model_dir if self.name == "shared" else model_dir.joinpath(*UPSTREAM_RUN)
+
+    def results_file(self, model_dir: Path, subset: str) -> Path:
+        return self.run_dir(model_dir) / subset / "results.jsonl"
+
+
+def detect_layout(mint_dir: str | os.PathLike) -> tuple[str, Path]:
+    """("shared" | "upstream", the directory holding tasks/ or processed/ and outputs/)."""
+    root = Path(mint_dir)
+    if (root / "tasks").is_dir():
+        name = "shared"
+    elif (root / "processed").is_dir():
+        name = "upstream"
+    elif (root / "data" / "processed").is_dir():  # the root of a mint-bench checkout
+        name, root = "upstream", root / "data"
+    else:
+        raise DataError(
+            str(root), None, "<layout>",
+            "not a MINT data directory: expected tasks/<subset>.jsonl (this project's copy) or "
+            "processed/<subset>/test_prompts.json (upstream data/), next to outputs/",
+        )
+    if not (root / "outputs").is_dir():
+        raise DataError(str(root / "outputs"), None, "<file>", "directory does not exist")
+    return name, root
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[Where, Any]]:
+    """(where, parsed object) per non-blank line; DataError for unreadable files and invalid JSON."""
+    for where, raw in numbered_lines(str(path)):
+        text = decode_line(raw, where)
+        if text.strip():
+            yield where, parse_json_line(text, where)
+
+
+def parse_task_id(value: Any, where: Where, field: str) -> str:
+    # MINT ids are ints; strings are accepted so other copies work. A bool is never an id.
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or str(value).strip() == "":
+        raise where.error(field, f"expected an int or a non-empty str task id, got {value!r}")
+    if isinstance(value, str) and "/" in value:
+        raise where.error(field, f"a task id may not contain '/' (it separates subset and id): {value!r}")
+    return str(value)
+
+
+def read_task_file(path: Path, subset: str) -> dict[str, Task]:
+    """{task id in the file (as str): Task with id "<subset>/<task id>"}, in file order."""
+    tasks: dict[str, Task] = {}
+    first_line: dict[str, int] = {}
+    for where, obj in read_jsonl(path):
+        if not isinstance(obj, Mapping):
+            raise where.error("<record>", "expected a JSON object")
+        if "id" not in obj:
+            raise where.error("id", "missing required field")
+        if "prompt" not in obj:
+            raise where.error("prompt", "missing required field")
+        key = parse_task_id(obj["id"], where, "id")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise where.error("prompt", "expected a non-empty str")
+        if key in tasks:
+            raise where.error("id", f"duplicate task id {key!r} (first on line {first_line[key]})")
+        first_line[key] = where.line
+        tasks[key] = Task(id=f"{subset}/{key}", prompt=obj["prompt"], family=subset)
+    return tasks
+
+
+def model_dirs(layout: MintLayout) -> list[Path]:
+    """Directories under outputs/ that hold the logs this project reads (upstream: the UPSTREAM_RUN config)."""
+    outputs = layout.root / "outputs"
+    return sorted(p for p in outputs.iterdir() if p.is_dir() and layout.run_dir(p).is_dir())
+
+
+def result_subsets(layout: MintLayout, model_dir: Path) -> list[str]:
+    """The subsets a model has a results.jsonl for."""
+    run = layout.run_dir(model_dir)
+    return sorted(p.name for p in run.iterdir() if (p / "results.jsonl").is_file())
+
+
+def read_mint_tasks(mint_dir: str | os.PathLike, subsets: Iterable[str] | None = None) -> dict[str, dict[str, Task]]:
+    """{subset: {task id in the file (as str): Task}} in file order.
+
+    Default subsets: every tasks/*.jsonl (this project's copy); upstream, those with logs under some model's
+    reasoning run (processed/ also holds the non-reasoning MINT tasks).
+    """
+    name, root = detect_layout(mint_dir)
+    layout = MintLayout(name, root)
+    if subsets is None:
+        if name == "shared":
+            subsets = sorted(p.stem for p in (root / "tasks").glob("*.jsonl"))
+        else:
+            subsets = sorted({s for d in model_dirs(layout) for s in result_subsets(layout, d)})
+    return {subset: read_task_file(layout.task_file(subset), subset) for subset in subsets}

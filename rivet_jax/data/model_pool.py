@@ -1,0 +1,230 @@
+"""Model cards and the ordered model pool they form, with the strict card-file reader and writer.
+
+Model cards (`read_model_cards` / `write_model_cards`) are one JSON document::
+
+    {"note": "...", "models": [{"name": "m-small", "provider": "Acme", "family": "...",
+      "open_weights": true, "context_length": 8192, "price_in_per_mtok": 0.5,
+      "price_out_per_mtok": 1.5, "capabilities": {"tool_use": true, "code": true,
+      "math": null}, "description": "..."}, ...]}
+
+Unknown card keys (e.g. "family", "open_weights") are accepted and ignored; `null`
+means unknown. Importers usually take these names from `rivet_jax.data.schema`, which re-exports them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rivet_jax.data.files import PathLike, atomic_write_text, open_error
+from rivet_jax.data.validation import (
+    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, require_field, require_object, wrong_type,
+)
+
+__all__ = ["ModelCard", "ModelPool", "read_model_cards", "write_model_cards"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCard:
+    """What the router may know about one candidate model (its 'card')."""
+
+    name: str
+    description: str
+    context_length: int | None = None
+    price_in_per_mtok: float | None = None  # USD per million prompt tokens
+    price_out_per_mtok: float | None = None  # USD per million completion tokens
+    capabilities: tuple[tuple[str, bool | None], ...] = ()  # sorted (flag, value); None = unknown
+    provider: str | None = None
+
+    def __post_init__(self):
+        # Sorted pairs keep equality and hashing independent of the JSON key order.
+        pairs = self.capabilities
+        if isinstance(pairs, Mapping):
+            pairs = pairs.items()
+        ordered = sorted(((str(flag), value) for flag, value in pairs), key=lambda kv: kv[0])
+        object.__setattr__(self, "capabilities", tuple(ordered))
+
+    def capability(self, flag: str) -> bool | None:
+        """The flag's value; None when it is unknown or not listed at all."""
+        return dict(self.capabilities).get(flag)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "provider": self.provider,
+            "context_length": self.context_length,
+            "price_in_per_mtok": self.price_in_per_mtok,
+            "price_out_per_mtok": self.price_out_per_mtok,
+            "capabilities": dict(self.capabilities),
+            "description": self.description,
+        }
+
+    @classmethod
+    def from_json(
+        cls, obj: Any, *, path: str = "<memory>", line: int | None = None, prefix: str = ""
+    ) -> ModelCard:
+        """Parse one card; unknown keys are ignored (cards carry free-form metadata)."""
+        where = Where(path, line)
+        obj = require_object(obj, where, prefix.rstrip(".") or "<record>")
+
+        def field(key: str) -> Any:
+            return obj.get(key, MISSING)
+
+        capabilities_obj = field("capabilities")
+        capabilities: list[tuple[str, bool | None]] = []
+        if capabilities_obj is not MISSING and capabilities_obj is not None:
+            capabilities_obj = require_object(capabilities_obj, where, prefix + "capabilities")
+            for flag, value in capabilities_obj.items():
+                flag_field = f"{prefix}capabilities.{flag}"
+                capabilities.append((flag, optional(value, as_bool, where, flag_field)))
+        return cls(
+            name=as_str(require_field(obj, "name", where, prefix), where, prefix + "name", non_empty=True),
+            description=as_str(
+                require_field(obj, "description", where, prefix), where, prefix + "description"
+            ),
+            context_length=optional(
+                field("context_length"), as_int, where, prefix + "context_length", minimum=1
+            ),
+            price_in_per_mtok=optional(
+                field("price_in_per_mtok"), as_number, where, prefix + "price_in_per_mtok",
+                minimum=0.0,
+            ),
+            price_out_per_mtok=optional(
+                field("price_out_per_mtok"), as_number, where, prefix + "price_out_per_mtok",
+                minimum=0.0,
+            ),
+            capabilities=tuple(capabilities),
+            provider=optional(field("provider"), as_str, where, prefix + "provider"),
+        )
+
+
+def _check_pool_cards(cards: Sequence[Any], where: Where) -> None:
+    """A pool needs at least one card and unique names (names are the routing targets)."""
+    if not cards:
+        raise where.error("models", "a model pool needs at least one model card")
+    first_index: dict[str, int] = {}
+    for i, card in enumerate(cards):
+        if not isinstance(card, ModelCard):
+            raise wrong_type(where, f"models[{i}]", "ModelCard", card)
+        if card.name in first_index:
+            raise where.error(
+                f"models[{i}].name",
+                f"duplicate model name '{card.name}' (also models[{first_index[card.name]}])",
+            )
+        first_index[card.name] = i
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPool:
+    """The ordered set of candidate models; a model's index is its action id."""
+
+    cards: tuple[ModelCard, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "cards", tuple(self.cards))
+        _check_pool_cards(self.cards, Where("<memory>", None))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(card.name for card in self.cards)
+
+    def index(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise KeyError(
+                f"unknown model '{name}'; the pool has: {', '.join(self.names)}"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self.cards)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    @property
+    def capability_names(self) -> tuple[str, ...]:
+        return tuple(sorted({flag for card in self.cards for flag, _ in card.capabilities}))
+
+    def subset(self, names: Iterable[str]) -> ModelPool:
+        """A pool of the named models, in the order given (KeyError for unknown names)."""
+        return ModelPool(tuple(self.cards[self.index(name)] for name in names))
+
+    def to_json(self) -> dict:
+        return {"models": [card.to_json() for card in self.cards]}
+
+    @classmethod
+    def from_json(cls, obj: Any, *, path: str = "<memory>") -> ModelPool:
+        where = Where(path, None)
+        obj = require_object(obj, where, "<record>")
+        models = require_field(obj, "models", where, "")
+        if not isinstance(models, list):
+            raise wrong_type(where, "models", "list", models)
+        cards = tuple(
+            ModelCard.from_json(card, path=path, prefix=f"models[{i}].")
+            for i, card in enumerate(models)
+        )
+        # Checked here too so the error names the file rather than "<memory>".
+        _check_pool_cards(cards, where)
+        return cls(cards)
+
+    def differences(self, other: ModelPool) -> list[str]:
+        """Human-readable differences (e.g. a checkpoint's pool vs. the current one)."""
+        diffs: list[str] = []
+        mine, theirs = set(self.names), set(other.names)
+        diffs += [f"model '{n}' only in this pool" for n in self.names if n not in theirs]
+        diffs += [f"model '{n}' only in the other pool" for n in other.names if n not in mine]
+        shared_here = [n for n in self.names if n in theirs]
+        shared_there = [n for n in other.names if n in mine]
+        if shared_here != shared_there:
+            # Order matters: a model's index is its action id.
+            diffs.append(f"model order differs: {shared_here} != {shared_there}")
+        for name in shared_here:
+            diffs += _card_differences(self.cards[self.index(name)], other.cards[other.index(name)])
+        return diffs
+
+
+def _card_differences(mine: ModelCard, theirs: ModelCard) -> list[str]:
+    diffs = []
+    for f in dataclasses.fields(ModelCard):
+        if f.name in ("name", "capabilities"):
+            continue
+        a, b = getattr(mine, f.name), getattr(theirs, f.name)
+        if a == b:
+            continue
+        if f.name == "description":  # long text: just say it changed
+            diffs.append(f"model '{mine.name}': description differs")
+        else:
+            diffs.append(f"model '{mine.name}': {f.name} {a!r} != {b!r}")
+    caps_a, caps_b = dict(mine.capabilities), dict(theirs.capabilities)
+    for flag in sorted(caps_a.keys() | caps_b.keys()):
+        a, b = caps_a.get(flag, MISSING), caps_b.get(flag, MISSING)
+        if a != b:
+            show = lambda v: "absent" if v is MISSING else repr(v)  # noqa: E731
+            diffs.append(f"model '{mine.name}': capability '{flag}' {show(a)} != {show(b)}")
+    return diffs
+
+
+def read_model_cards(path: PathLike) -> ModelPool:
+    """Read a model-card JSON document (see the module docstring) into a ModelPool."""
+    path_str = os.fspath(path)
+    try:
+        with open(path_str, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise open_error(path_str, err) from None
+    except UnicodeDecodeError as err:
+        raise DataError(path_str, None, "<json>", f"not valid UTF-8: {err}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(path_str, err.lineno, "<json>", f"invalid JSON: {err.msg}") from None
+    return ModelPool.from_json(obj, path=path_str)
+
+
+def write_model_cards(path: PathLike, pool: ModelPool) -> None:
+    text = json.dumps(pool.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
+    atomic_write_text(path, text + "\n")

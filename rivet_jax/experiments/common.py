@@ -1,0 +1,65 @@
+"""What every experiment shares: config overrides, one run directory per (variant, seed), and the seed loop.
+
+    <workdir>/runs/<slug(variant)>/seed_<s>/    one training run (its checkpoints, metrics.jsonl)
+    <workdir>/embeddings/                        the frozen-encoder cache every run of the experiment shares
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from rivet_jax import train
+
+MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted keys set: {"loss.beta": 0.0, "reward.lam": 0.1}."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.update_from_flattened_dict(overrides)
+    return config
+
+
+def slug(name: str) -> str:
+    """A variant's directory name: "w/o CQL" -> "no_cql", "zero response (beta=1)" -> "zero_response_beta1"."""
+    return (name.lower().replace("w/o ", "no_").replace(" ", "_").replace("=", "").replace("(", "")
+            .replace(")", ""))
+
+
+def run_config(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, seed: int,
+               overrides: dict[str, Any], stage: str) -> ml_collections.ConfigDict:
+    """The training config of one run: the logs, the experiment's shared embedding cache, seed, stage, overrides."""
+    return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards),
+                                   "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
+                                   "stage": stage, **overrides})
+
+
+def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, variant: str,
+                overrides: dict[str, Any], stage: str, seeds: Sequence[int],
+                log: Callable[[str], None]) -> list[Path]:
+    """Trains (or resumes) `variant` once per seed into <workdir>/runs/<slug>/seed_<s>/; returns those directories."""
+    dirs = []
+    for seed in seeds:
+        run_dir = workdir / "runs" / slug(variant) / f"seed_{seed}"
+        started = time.perf_counter()
+        train.train(run_config(config, episodes, cards, workdir, seed, overrides, stage), run_dir)
+        log(f"trained {variant} seed {seed} ({stage}) in {time.perf_counter() - started:.1f}s")
+        dirs.append(run_dir)
+    return dirs
+
+
+def check_same_config(path: Path, section: dict) -> None:
+    """Refuses to mix outputs of different configurations in one workdir: `section` is written to `path` the first
+    time and must equal it every later time."""
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved != section:
+            raise ValueError(f"{path.parent} was made with another configuration ({path}); use a new workdir")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")

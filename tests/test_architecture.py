@@ -1,0 +1,130 @@
+"""The package's shape: no import cycles (function-level imports included), no private name used across modules,
+no module over 500 lines, and the deployable router free of training code. Read from the source with `ast`, so
+nothing is imported and every edge is seen, whichever branch would run."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "rivet_jax"
+MAX_LINES = 500
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(path: Path) -> list[tuple[str, str | None, int]]:
+    """(module, name or None, line) for every import of a rivet_jax module anywhere in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names if alias.name.startswith("rivet_jax")]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("rivet_jax"):
+            found += [(node.module, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def dependencies(name: str) -> set[str]:
+    """The rivet_jax modules importing `name` runs: `from a.b import c` depends on a.b, and on a.b.c if c is one."""
+    deps = set()
+    for module, member, _ in imported(MODULES[name]):
+        if member is not None and f"{module}.{member}" in MODULES:
+            deps.add(f"{module}.{member}")
+        deps.add(module)
+    return deps - {name}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of `graph` as a path that ends where it starts, or None (depth-first, three colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_cycles_and_only_cycles():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"d"}}) == ["d", "d"]
+
+
+def test_every_import_names_a_module_that_exists():
+    missing = [f"{MODULES[name].relative_to(REPO)}:{line}: {module}" for name in MODULES
+               for module, _, line in imported(MODULES[name]) if module not in MODULES]
+    assert not missing, missing
+
+
+def test_no_import_cycles():
+    graph = {name: dependencies(name) & set(MODULES) for name in MODULES}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    offences = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases = {}  # local name -> rivet_jax module it stands for
+        for module, member, line in imported(path):
+            if member is not None and member.startswith("_") and not member.startswith("__"):
+                offences.append(f"{path.relative_to(REPO)}:{line}: from {module} import {member}")
+            if member is not None and f"{module}.{member}" in MODULES:
+                aliases[member] = f"{module}.{member}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and f"{node.module}" in MODULES:
+                for alias in node.names:
+                    if alias.asname and f"{node.module}.{alias.name}" in MODULES:
+                        aliases[alias.asname] = f"{node.module}.{alias.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                offences.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not offences, offences
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_is_at_most_500_lines(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[name].relative_to(REPO)} has {lines} lines"
+
+
+def test_router_imports_no_training_code():
+    """The deployable router reads parameters; it never builds an optimizer or touches a training stage."""
+    def closure(name: str, seen: set[str]) -> set[str]:
+        for dep in dependencies(name) & set(MODULES):
+            if dep not in seen:
+                seen.add(dep)
+                closure(dep, seen)
+        return seen
+
+    reached = closure("rivet_jax.router", set())
+    training = {"rivet_jax.train", "rivet_jax.learner", "rivet_jax.losses", "rivet_jax.online", "rivet_jax.corpus"}
+    assert not reached & training, sorted(reached & training)
+    assert not {m for m in reached if m.startswith(("rivet_jax.experiments", "rivet_jax.bench"))}
+
+
+def test_the_package_root_holds_only_the_method():
+    """Experiments and benchmarks live in their own subpackages, not beside the method's modules."""
+    root = {p.stem for p in PACKAGE.glob("*.py")}
+    assert not root & {"experiments", "mint_experiment", "pipelines", "benchmark", "torch_reference"}, root
