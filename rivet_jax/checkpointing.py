@@ -66,8 +66,10 @@ class StageCheckpoints:
         epoch = self._existing(epoch)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = {"params": abstract_tree(like_params, device)}
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)  # onto one device, whoever saved it
         restored = self._manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=target, partial_restore=True), meta=ocp.args.JsonRestore()))
+            state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+            meta=ocp.args.JsonRestore()))
         return restored["state"]["params"], restored["meta"]
 
     def close(self) -> None:
