@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from rivet_jax.data.schema import Episode
-from rivet_jax.envs.base import Env, Policy, run_episode
+from rivet_jax.envs.base import Env, Policy, run_episodes
 
 
 def discounted_return(episode: Episode, lam: float, gamma: float, c_ref: float) -> float:
@@ -25,10 +25,14 @@ def discounted_return(episode: Episode, lam: float, gamma: float, c_ref: float) 
 
 def rollout(env: Env, policy: Policy, split: str, rollouts: int, seed: int,
             available: Sequence[str] | None = None) -> list[Episode]:
-    """`rollouts` episodes of `policy` on every task of `split`; episode r of task i draws from rng([seed, r, i])."""
-    return [run_episode(env, task.id, policy, np.random.default_rng([seed, r, i]), f"{policy.name}/{task.id}/{r}",
-                        available=available)
-            for r in range(rollouts) for i, task in enumerate(env.tasks(split))]
+    """`rollouts` episodes of `policy` on every task of `split`; episode r of task i draws from rng([seed, r, i]).
+
+    All of them are stepped together (`run_episodes`): a policy with `act_batch` decides every live episode's turn
+    in one call."""
+    runs = [(r, i, task) for r in range(rollouts) for i, task in enumerate(env.tasks(split))]
+    return run_episodes(env, [task.id for _, _, task in runs], policy,
+                        [np.random.default_rng([seed, r, i]) for r, i, _ in runs],
+                        [f"{policy.name}/{task.id}/{r}" for r, _, task in runs], available=available)
 
 
 def episode_metrics(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float, rollouts: int = 1) -> dict:

@@ -19,6 +19,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 RVE_MODULES = ("card_projector", "state_adapter", "route_head")
 
@@ -145,3 +146,12 @@ def _jit_init(net: RivetNet, key: jax.Array, h: jax.Array, cards) -> dict:
 def rve_params(params: dict) -> dict:
     """The deployable subset: what `q_route` reads."""
     return {name: params[name] for name in RVE_MODULES}
+
+
+def pad_rows(x: np.ndarray) -> np.ndarray:
+    """`x` (B, ...) with zero rows appended up to a power of two (B = 1 kept): callers that score batches of every
+    size (batched rollouts: fewer live episodes each round) then compile a handful of programs, not one per B.
+    Cut the result back with `[:B]`."""
+    rows = x.shape[0]
+    padded = rows if rows <= 1 else 1 << (rows - 1).bit_length()
+    return np.concatenate([x, np.zeros((padded - rows, *x.shape[1:]), x.dtype)]) if padded > rows else x

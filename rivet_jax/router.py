@@ -25,7 +25,7 @@ from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelPool, Turn
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder, make_encoder
-from rivet_jax.networks import RivetNet, init_params, make_network, rve_params
+from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
 
 # A history turn: a Turn, or any mapping with "response" and "feedback".
 HistoryTurn = Turn | Mapping[str, str]
@@ -117,7 +117,8 @@ class Router:
 
     def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""
-        q = np.asarray(_q_route(self._net, self._params, jnp.asarray(h, jnp.float32), self._cards))
+        h = np.asarray(h, np.float32)
+        q = np.asarray(_q_route(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards))[:len(h)]
         if available is not None:
             q = np.where(np.broadcast_to(available, q.shape), q, -np.inf)
         return q

@@ -6,7 +6,7 @@ import pytest
 from configs import routesim as routesim_config
 from rivet_jax import evaluation
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy
+from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
 from rivet_jax.envs.routesim import make_routesim
 
 
@@ -47,3 +47,31 @@ def test_rollouts_are_deterministic_given_the_seed(sim):
     assert [e.to_json() for e in first] == [e.to_json() for e in again]
     assert [e.to_json() for e in first] != [e.to_json() for e in other]
     assert len(first) == 2 * len(sim.tasks("test"))
+
+
+class BatchedRandom(RandomPolicy):
+    """RandomPolicy deciding through `act_batch`, recording how many decisions each call held."""
+
+    def __init__(self):
+        self.batch_sizes = []
+
+    def act_batch(self, requests):
+        self.batch_sizes.append(len(requests))
+        return [self.act(*request) for request in requests]
+
+
+def test_batched_rollouts_equal_one_episode_at_a_time(sim):
+    """Same seeds -> same episodes: each episode draws from its own generator in the order a lone episode would,
+    however many others are stepped beside it."""
+    split, rollouts, seed = "test", 2, 3
+    tasks = sim.tasks(split)
+    one_by_one = [run_episode(sim, task.id, RandomPolicy(), np.random.default_rng([seed, r, i]),
+                              f"random/{task.id}/{r}") for r in range(rollouts) for i, task in enumerate(tasks)]
+    policy = BatchedRandom()
+    together = evaluation.rollout(sim, policy, split, rollouts, seed)
+    assert [e.to_json() for e in together] == [e.to_json() for e in one_by_one]
+    # One call per round, holding every episode still running: all of them first, fewer as they end.
+    assert policy.batch_sizes[0] == rollouts * len(tasks) == len(together)
+    assert policy.batch_sizes == sorted(policy.batch_sizes, reverse=True)
+    assert len(policy.batch_sizes) == max(len(e.turns) for e in together)
+    assert sum(policy.batch_sizes) == sum(len(e.turns) for e in together)

@@ -14,6 +14,7 @@ from configs import default
 from rivet_jax import checkpointing, corpus, train
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
+from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.learner import NonFiniteLossError
@@ -159,6 +160,14 @@ def test_launcher_stages_then_router(tmp_path):
 
     with pytest.raises(ValueError, match="unknown models"):
         router.route(episode.task.prompt, history, available=["no-such-model"])
+
+    # Batched rollouts: a batch of pending decisions (padded to a power of two rows inside) is decided exactly as
+    # each decision alone.
+    policy, rng = RouterPolicy(router), np.random.default_rng(0)
+    requests = [(e.task, e.turns[:t], pool.names if t % 2 else pool.names[1:4], rng)
+                for e in demo_corpus(2, seed=4)[1] for t in range(len(e.turns))]
+    assert len(requests) & (len(requests) - 1)  # not a power of two: the padded rows are really cut off
+    assert policy.act_batch(requests) == [policy.act(*request) for request in requests]
 
 
 def test_each_stage_compiles_its_epoch_once_even_when_resumed(tmp_path, monkeypatch):

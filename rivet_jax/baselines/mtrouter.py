@@ -35,7 +35,7 @@ from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.learner import NonFiniteLossError, make_optimizer
-from rivet_jax.networks import CardProjector, StateAdapter, ValueHead
+from rivet_jax.networks import CardProjector, StateAdapter, ValueHead, pad_rows
 from rivet_jax.router import HistoryTurn, as_history, availability_mask
 from rivet_jax.sharding import epoch_batches
 
@@ -231,8 +231,9 @@ class MTRouter:
 
     def predict_from_embeddings(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """score_hat (B, M) in [0, 1] and normalised cost_hat (B, M) for state embeddings (B, D)."""
-        prob, cost = _forward(self._net, self.params, jnp.asarray(h, jnp.float32), self._cards)
-        return np.asarray(prob), np.asarray(cost)
+        h = np.asarray(h, np.float32)
+        prob, cost = _forward(self._net, self.params, jnp.asarray(pad_rows(h)), self._cards)
+        return np.asarray(prob)[:len(h)], np.asarray(cost)[:len(h)]
 
     def predict(self, states: Sequence[State]) -> tuple[np.ndarray, np.ndarray]:
         """score_hat (B, M) and cost_hat (B, M) (x `episode_cost` for USD) for (task, history) pairs."""
@@ -253,6 +254,12 @@ class MTRouter:
         """The `Policy` interface: deterministic argmax, propensity 1."""
         q = self.scores([(task.prompt, history)], [list(available)])[0]
         return self.pool.names[int(np.argmax(q))], 1.0
+
+    def act_batch(self, requests) -> list[tuple[str, float]]:
+        """Many `act`s in one encoder pass and one network call (batched rollouts, `envs.base.run_episodes`)."""
+        q = self.scores([(task.prompt, history) for task, history, _, _ in requests],
+                        [list(available) for _, _, available, _ in requests])      # (B, M)
+        return [(self.pool.names[int(np.argmax(row))], 1.0) for row in q]
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -41,6 +41,18 @@ class Policy(Protocol):
         """The model to call next and the probability with which it was chosen (None if not known)."""
 
 
+# One pending decision: what `Policy.act` reads. A policy may also define `act_batch(requests)` -> [(model,
+# propensity)], deciding many at once (e.g. one batched network call); it must equal `act` on each request.
+Request = tuple[Task, Sequence[Turn], Sequence[str], np.random.Generator]
+
+
+def decide(policy: Policy, requests: Sequence[Request]) -> list[tuple[str, float | None]]:
+    """`policy`'s choice for every request: one `act_batch` call where the policy has it, else `act` on each."""
+    if hasattr(policy, "act_batch"):
+        return list(policy.act_batch(requests))
+    return [policy.act(*request) for request in requests]
+
+
 class FixedModelPolicy:
     """Always the same model (deterministic: propensity 1)."""
 
@@ -73,14 +85,36 @@ class RouterPolicy:
     def act(self, task, history, available, rng):
         return self.router.route(task.prompt, history, available=list(available)).model, 1.0
 
+    def act_batch(self, requests: Sequence[Request]) -> list[tuple[str, float]]:
+        """Every pending decision scored in one encoder pass and one network call."""
+        q = self.router.scores([(task.prompt, history) for task, history, _, _ in requests],
+                               [list(available) for _, _, available, _ in requests])     # (B, M)
+        return [(self.router.pool.names[int(np.argmax(row))], 1.0) for row in q]
+
 
 def run_episode(env: Env, task_id: str, policy: Policy, rng: np.random.Generator, episode_id: str,
                 available: Sequence[str] | None = None) -> Episode:
     """One episode of `policy` on `task_id`; `available` restricts the candidates (default: the whole pool)."""
+    return run_episodes(env, [task_id], policy, [rng], [episode_id], available)[0]
+
+
+def run_episodes(env: Env, task_ids: Sequence[str], policy: Policy, rngs: Sequence[np.random.Generator],
+                 episode_ids: Sequence[str], available: Sequence[str] | None = None) -> list[Episode]:
+    """Episodes of `policy` stepped together, episode k on `task_ids[k]` with its own `rngs[k]`.
+
+    Every round, the pending decisions of all live episodes go to the policy at once (`decide`), then each live
+    episode takes its turn. Each episode draws from its own generator in the order a lone episode would (the
+    policy's draw, then the environment's), so the episodes equal one-at-a-time rollouts with the same generators.
+    """
     restricted = available is not None and tuple(available) != env.pool.names
     available = tuple(available or env.pool.names)
-    state = env.reset(task_id)
-    while not state.done:
-        model, propensity = policy.act(state.task, state.history, available, rng)
-        state = env.step(state, model, rng, propensity=propensity, available=available if restricted else None)
-    return Episode(episode_id=episode_id, task=state.task, turns=state.history, outcome=int(state.success))
+    states = [env.reset(task_id) for task_id in task_ids]
+    live = [k for k, state in enumerate(states) if not state.done]
+    while live:
+        choices = decide(policy, [(states[k].task, states[k].history, available, rngs[k]) for k in live])
+        for k, (model, propensity) in zip(live, choices):
+            states[k] = env.step(states[k], model, rngs[k], propensity=propensity,
+                                 available=available if restricted else None)
+        live = [k for k in live if not states[k].done]
+    return [Episode(episode_id=episode_id, task=state.task, turns=state.history, outcome=int(state.success))
+            for episode_id, state in zip(episode_ids, states)]

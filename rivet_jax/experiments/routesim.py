@@ -35,7 +35,7 @@ from rivet_jax.data.schema import read_episodes
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
-from rivet_jax.envs.base import Policy, RouterPolicy, run_episode
+from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
 from rivet_jax.experiments import report
 from rivet_jax.experiments.common import MAIN, check_same_config, train_seeds, with_overrides
@@ -111,30 +111,42 @@ def run_routesim(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-class StayPolicy:
+class _InterventionPolicy:
+    """A policy built on the router's scores, deciding a batch of turns at once (batched rollouts)."""
+
+    def __init__(self, router: Router, name: str):
+        self.router, self.name = router, name
+
+    def act(self, task, history, available, rng):
+        return self.act_batch([(task, history, available, rng)])[0]
+
+    def act_batch(self, requests):
+        q = self.router.scores([(task.prompt, history) for task, history, _, _ in requests],
+                               [list(available) for _, _, available, _ in requests])      # (B, M)
+        return [(self.choose(history, available, row), 1.0) for (_, history, available, _), row in zip(requests, q)]
+
+
+class StayPolicy(_InterventionPolicy):
     """Table 3 'Stay': the router's first-turn model, kept for the whole episode."""
 
     def __init__(self, router: Router):
-        self.router, self.name = router, "stay"
+        super().__init__(router, "stay")
 
-    def act(self, task, history, available, rng):
+    def choose(self, history, available, q: np.ndarray) -> str:
         if history and history[0].model in available:
-            return history[0].model, 1.0
-        return self.router.route(task.prompt, history, available=list(available)).model, 1.0
+            return history[0].model
+        return self.router.pool.names[int(np.argmax(q))]
 
 
-class SwitchAtTwoPolicy:
+class SwitchAtTwoPolicy(_InterventionPolicy):
     """Table 3 'Switch': at turn two the router's second-highest-scoring model, greedy elsewhere."""
 
     def __init__(self, router: Router):
-        self.router, self.name = router, "switch"
+        super().__init__(router, "switch")
 
-    def act(self, task, history, available, rng):
-        decision = self.router.route(task.prompt, history, available=list(available))
-        if len(history) == 1 and len(available) > 1:
-            ranked = sorted(decision.scores, key=decision.scores.get, reverse=True)
-            return ranked[1], 1.0
-        return decision.model, 1.0
+    def choose(self, history, available, q: np.ndarray) -> str:
+        ranked = np.argsort(-q, kind="stable")  # best first; ties in pool order
+        return self.router.pool.names[int(ranked[1] if len(history) == 1 and len(available) > 1 else ranked[0])]
 
 
 class Evaluator:
@@ -258,20 +270,21 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
     beyond the first turn, force its second choice at turn two (Switch). Same task and seed for both policies."""
     split, tasks = ev.config.evaluate.split, ev.sim.tasks(ev.config.evaluate.split)
     gamma, groups = ev.config.reward.gamma, {"switched": ([], []), "kept": ([], [])}
-    for router in rivet_online:
-        for r in range(ev.config.evaluate.rollouts_per_task):
-            for i, task in enumerate(tasks):
-                def episode(policy):
-                    return run_episode(ev.sim, task.id, policy, np.random.default_rng([ev.config.evaluate.seed, r, i]),
-                                       f"{policy.name}/{task.id}/{r}")
+    runs = [(r, i, task) for r in range(ev.config.evaluate.rollouts_per_task) for i, task in enumerate(tasks)]
 
-                original = episode(RouterPolicy(router))
-                if len({t.model for t in original.turns}) > 1:
-                    groups["switched"][0].append(original)
-                    groups["switched"][1].append(episode(StayPolicy(router)))
-                elif len(original.turns) > 1:
-                    groups["kept"][0].append(original)
-                    groups["kept"][1].append(episode(SwitchAtTwoPolicy(router)))
+    def episodes(policy, chosen: list) -> list:  # every chosen (rollout, task) at once, each with its own seed
+        return run_episodes(ev.sim, [task.id for _, _, task in chosen], policy,
+                            [np.random.default_rng([ev.config.evaluate.seed, r, i]) for r, i, _ in chosen],
+                            [f"{policy.name}/{task.id}/{r}" for r, _, task in chosen])
+
+    for router in rivet_online:
+        originals = episodes(RouterPolicy(router), runs)
+        switched = [k for k, e in enumerate(originals) if len({t.model for t in e.turns}) > 1]
+        kept = [k for k, e in enumerate(originals) if len({t.model for t in e.turns}) == 1 and len(e.turns) > 1]
+        for group, chosen, policy in (("switched", switched, StayPolicy(router)),
+                                      ("kept", kept, SwitchAtTwoPolicy(router))):
+            groups[group][0].extend(originals[k] for k in chosen)
+            groups[group][1].extend(episodes(policy, [runs[k] for k in chosen]))
     rows = []
     for group, intervention in (("switched", "Stay"), ("kept", "Switch")):
         originals, changed = groups[group]
