@@ -39,3 +39,16 @@ def test_collect_then_evaluate_on_tiny_routesim(tmp_path):
     assert "| rivet |" in evaluated.stdout
     assert (workdir / "train" / "checkpoints" / "td").is_dir()
     assert (workdir / "corpus" / collect.EPISODES_FILE).exists()
+
+
+def test_progress_logs_rate_limited_lines_with_an_eta():
+    from rivet_jax.experiments.common import Progress
+
+    now, lines = [0.0], []
+    progress = Progress("runs", total=5, every_s=20.0, clock=lambda: now[0], log=lambda fmt, *a: lines.append(fmt % a))
+    for t in (5.0, 10.0, 30.0, 35.0, 40.0):  # units finish at these times
+        now[0] = t
+        progress.step()
+    # 5 s and 10 s are inside the first 20 s (quiet); 30 s logs (3 done, 10 s each, 2 left -> 20 s); 35 s is quiet;
+    # the last unit always logs.
+    assert lines == ["runs: 3/5 done, 30s elapsed, about 20s left", "runs: 5/5 done, 40s elapsed, about 0s left"]

@@ -1,6 +1,7 @@
 """The one-command reproduction, tiny variant: every experiment, every router, report and plots written."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,11 @@ def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
                              f"--workdir={workdir}"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "[phase 7/7]" in result.stderr  # progress is shown per phase
+    # ... and per unit of the long phases, counted exactly: the last line of each says n/n, never more.
+    for what in ("training runs", r"evaluation \(rollout sets\)"):
+        counts = re.findall(what + r": (\d+)/(\d+) done", result.stderr)
+        assert counts and counts[-1][0] == counts[-1][1], (what, counts)
+        assert all(int(done) <= int(total) for done, total in counts)
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
                                 "interventions", "scatter"}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import ml_collections
+from absl import logging
 
 from rivet_jax import train
 
@@ -39,10 +40,36 @@ def run_config(config: ml_collections.ConfigDict, episodes: Path, cards: Path, w
                                    "stage": stage, **overrides})
 
 
+class Progress:
+    """Counts the units of a long phase and logs `what: k/n, elapsed, ETA` when one finishes, at most every
+    `every_s` seconds (and always for the last), so a long job never goes quiet and never floods its log.
+
+    A plain log line rather than a progress bar: the job's output is usually a file (a bar's carriage returns make
+    one unreadable line there)."""
+
+    def __init__(self, what: str, total: int, every_s: float = 20.0, clock: Callable[[], float] = time.perf_counter,
+                 log: Callable[..., None] = logging.info):
+        self.what, self.total, self.every_s, self.clock, self.log = what, total, every_s, clock, log
+        self.done, self.started = 0, clock()
+        self.logged_at = self.started
+
+    def step(self, units: int = 1) -> None:
+        self.done += units
+        now = self.clock()
+        if now - self.logged_at < self.every_s and self.done < self.total:
+            return
+        self.logged_at = now
+        elapsed = now - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        self.log("%s: %d/%d done, %.0fs elapsed, about %.0fs left", self.what, self.done, self.total, elapsed,
+                 max(left, 0.0))
+
+
 def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, variant: str,
-                overrides: dict[str, Any], stage: str, seeds: Sequence[int],
-                log: Callable[[str], None]) -> list[Path]:
-    """Trains (or resumes) `variant` once per seed into <workdir>/runs/<slug>/seed_<s>/; returns those directories."""
+                overrides: dict[str, Any], stage: str, seeds: Sequence[int], log: Callable[[str], None],
+                progress: Progress | None = None) -> list[Path]:
+    """Trains (or resumes) `variant` once per seed into <workdir>/runs/<slug>/seed_<s>/; returns those directories.
+    Each finished run is one unit of `progress`."""
     dirs = []
     for seed in seeds:
         run_dir = workdir / "runs" / slug(variant) / f"seed_{seed}"
@@ -50,6 +77,8 @@ def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, 
         train.train(run_config(config, episodes, cards, workdir, seed, overrides, stage), run_dir)
         log(f"trained {variant} seed {seed} ({stage}) in {time.perf_counter() - started:.1f}s")
         dirs.append(run_dir)
+        if progress is not None:
+            progress.step()
     return dirs
 
 

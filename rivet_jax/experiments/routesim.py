@@ -38,7 +38,7 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
 from rivet_jax.experiments import report
-from rivet_jax.experiments.common import MAIN, check_same_config, train_seeds, with_overrides
+from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_seeds, with_overrides
 from rivet_jax.router import Router
 
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
@@ -152,13 +152,16 @@ class SwitchAtTwoPolicy(_InterventionPolicy):
 class Evaluator:
     """Rollouts and exact reports on one simulator, with the corpus' c_ref and the configured rollouts."""
 
-    def __init__(self, sim: RouteSim, config, c_ref: float):
-        self.sim, self.config, self.c_ref = sim, config, c_ref
+    def __init__(self, sim: RouteSim, config, c_ref: float, progress: Progress | None = None):
+        self.sim, self.config, self.c_ref, self.progress = sim, config, c_ref, progress
         self._exact: dict = {}
 
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
+        """One router's rollouts over a split: one unit of `progress`."""
         episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
                                       self.config.evaluate.seed, available=available)
+        if self.progress is not None:
+            self.progress.step()
         return evaluation.episode_metrics(episodes, lam, self.config.reward.gamma, self.c_ref,
                                           self.config.evaluate.rollouts_per_task)
 
@@ -285,6 +288,8 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
                                       ("kept", kept, SwitchAtTwoPolicy(router))):
             groups[group][0].extend(originals[k] for k in chosen)
             groups[group][1].extend(episodes(policy, [runs[k] for k in chosen]))
+        if ev.progress is not None:
+            ev.progress.step()
     rows = []
     for group, intervention in (("switched", "Stay"), ("kept", "Switch")):
         originals, changed = groups[group]
@@ -374,8 +379,12 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     corpus = collect(config, workdir)
     episodes_path, cards_path = corpus_files(corpus)
 
+    other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
+    training = Progress("training runs", len(rp.seeds) * (1 + len(ABLATIONS) + len(other_lambdas)))
+
     def train_runs(variant: str, overrides: dict, stage: str) -> list[Path]:
-        return train_seeds(config, episodes_path, cards_path, workdir, variant, overrides, stage, rp.seeds, log)
+        return train_seeds(config, episodes_path, cards_path, workdir, variant, overrides, stage, rp.seeds, log,
+                           training)
 
     log("train RIVET (MC -> TD -> online) for every seed", 2)
     main_dirs = train_runs("rivet", {}, "all")
@@ -383,10 +392,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     ablation_dirs = {name: train_runs(name, overrides, "all") for name, overrides in ABLATIONS.items()}
     log("train RIVET at the other lambdas of the sweep", 4)
     sweep_dirs = {float(lam): main_dirs}
-    for sweep_lam in rp.lambdas:
-        if float(sweep_lam) != float(lam):
-            sweep_dirs[float(sweep_lam)] = train_runs(f"lambda_{sweep_lam}", {"reward.lam": float(sweep_lam)},
-                                                      rp.sweep_stage)
+    for sweep_lam in other_lambdas:
+        sweep_dirs[sweep_lam] = train_runs(f"lambda_{sweep_lam}", {"reward.lam": sweep_lam}, rp.sweep_stage)
     log("fit the baselines", 5)
     sim = make_routesim(config.sim)
     episodes = read_episodes(episodes_path, sim.pool).episodes
@@ -395,11 +402,13 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
 
     log("evaluate", 6)
-    ev = Evaluator(sim, config, c_ref)
+    splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
+    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(ABLATIONS)) * seeds + len(sweep_dirs) * seeds
+                    + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
+    ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
     offline = [Router.from_checkpoint(d, stage="td") for d in main_dirs]
     onlines = [Router.from_checkpoint(d, stage="online") for d in main_dirs]
     experiments: dict[str, list[dict]] = {}
-    splits = (config.evaluate.split, *rp.ood_splits)
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
     variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
