@@ -1,6 +1,7 @@
 """The one-command reproduction, tiny variant: every experiment, every router, report and plots written."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -28,7 +29,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
         assert all(int(done) <= int(total) for done, total in counts)
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
-                                "interventions", "scatter"}
+                                "interventions", "scatter", "post_error", "stage_preferences"}
 
     table1 = experiments["table1"]["rows"]
     for split in ("test", "ood:musique", "ood:drop", "ood:mmlu_pro"):
@@ -55,10 +56,26 @@ def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
         "RIVET Online: Original", "RIVET Online: Stay", "RIVET Online: Switch"}
     assert any(r["router"] == "oracle frontier" for r in experiments["scatter"]["rows"])
 
+    learned = BASELINES | {"RIVET Offline", "RIVET Online"}
+    post = {r["router"]: r for r in experiments["post_error"]["rows"]}
+    assert set(post) == learned
+    mtrouter = post["MTRouter"]  # the reference of the switch cost, wherever it switched after an error at all
+    assert math.isnan(mtrouter["switch_cost_usd"]) or mtrouter["switch_cost_rel"] == pytest.approx(1.0)
+    for row in post.values():
+        assert row["turns"] > 0 and 0 <= row["error_events"] <= row["turns"]
+        assert sum(row[f"events: {kind}"] for kind in ("non-executable action", "formatting error",
+                                                       "tool failure")) == row["error_events"]
+    stages = experiments["stage_preferences"]["rows"]
+    assert {(r["router"], r["stage"]) for r in stages} == {(n, s) for n in learned for s in ("Analyze", "Solve",
+                                                                                              "Submit")}
+    for r in stages:  # each stage's shares sum to 1 wherever the router has turns of that stage
+        shares = [v for k, v in r.items() if k.startswith(tuple(m[len("fixed:"):] for m in FIXED))]
+        assert len(shares) == len(FIXED) and (r["turns"] == 0 or abs(sum(shares) - 1) < 1e-9)
     report = (workdir / "report.md").read_text()
-    for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter"):
+    for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
+                  "Figure 5"):
         assert title in report
-    for plot in ("lambda_sweep", "online_curve", "scatter"):
+    for plot in ("lambda_sweep", "online_curve", "scatter", "stage_preferences"):
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000
         assert f"results/{plot}.png" in report
     assert (workdir / "results" / "table1.csv").read_text().startswith("accuracy,")

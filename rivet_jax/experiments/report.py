@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from matplotlib.figure import Figure  # figures straight to files: no pyplot state, no display backend
+from matplotlib.patches import Patch
 
 from rivet_jax.experiments.common import MAIN
 
@@ -118,3 +119,32 @@ def plot_scatter(rows: list[dict], path: Path) -> None:
     ax.legend(loc="lower right")
     ax.set_title("Accuracy-cost of every router")
     save_figure(fig, path)
+
+
+def plot_stage_preferences(rows: list[dict], path: Path) -> None:
+    """Figure 5: one nested donut per router, Analyze outside, Solve in the middle, Submit inside; each ring is a
+    stage's model shares (normalised on its own); one colour per model across every panel."""
+    routers = list(dict.fromkeys(r["router"] for r in rows))
+    stages = ("Analyze", "Solve", "Submit")
+    models = [k for k in rows[0] if k not in ("router", "stage", "turns")]
+    colours = {m: f"C{i}" for i, m in enumerate(models)}
+    cols = min(len(routers), 4)
+    fig = Figure(figsize=(3.2 * cols, 3.3 * -(-len(routers) // cols) + 0.6))
+    axes = fig.subplots(-(-len(routers) // cols), cols, squeeze=False).ravel()
+    for ax, router in zip(axes, routers):
+        by_stage = {r["stage"]: r for r in rows if r["router"] == router}
+        for ring, stage in enumerate(stages):
+            row = by_stage.get(stage)
+            if row and row["turns"]:
+                shares = [row[m] for m in models]
+                ax.pie(shares, radius=1.0 - 0.3 * ring, colors=[colours[m] for m in models], startangle=90,
+                       counterclock=False, wedgeprops={"width": 0.28, "edgecolor": "white"})
+        ax.set_title(router, fontsize=9)
+        ax.set_aspect("equal")
+    for ax in axes[len(routers):]:
+        ax.axis("off")
+    handles = [Patch(color=colours[m], label=m) for m in models]
+    fig.legend(handles=handles, loc="lower center", ncol=len(models), fontsize=8, frameon=False)
+    fig.suptitle("Model selection per turn stage: Analyze (outer), Solve (middle), Submit (inner)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    fig.savefig(path, dpi=110)

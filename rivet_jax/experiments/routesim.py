@@ -7,7 +7,8 @@ Phases, each resumable inside one workdir:
   4. train RIVET at every other lambda of the sweep              <workdir>/runs/lambda_<lam>/seed_<s>/
   5. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
   6. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
-     (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter
+     (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter,
+     Tables 6-7 (routing after execution errors) and Table 8 / Figure 5 (model selection per turn stage)
   7. write <workdir>/report.md (tables, embedded plots), results.json, results/<experiment>.{csv,json,png}
 
 RIVET numbers are the mean and standard deviation over `config.reproduce.seeds`; fixed models, the random router
@@ -31,13 +32,13 @@ from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import (ClusterRouter, ContrastiveRouter, KNNRouter,
                                              MatrixFactorizationRouter)
 from rivet_jax.data.replay import reference_cost
-from rivet_jax.data.schema import read_episodes
+from rivet_jax.data.schema import Episode, read_episodes
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
-from rivet_jax.experiments import report
+from rivet_jax.experiments import report, traces
 from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_seeds, with_overrides
 from rivet_jax.router import Router
 
@@ -154,12 +155,16 @@ class Evaluator:
 
     def __init__(self, sim: RouteSim, config, c_ref: float, progress: Progress | None = None):
         self.sim, self.config, self.c_ref, self.progress = sim, config, c_ref, progress
+        self.traces: dict[str, list[Episode]] = {}  # router -> its recorded episodes (`record`)
         self._exact: dict = {}
 
-    def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
-        """One router's rollouts over a split: one unit of `progress`."""
+    def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
+                 record: str | None = None) -> dict:
+        """One router's rollouts over a split: one unit of `progress`; the episodes are kept under `record`."""
         episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
                                       self.config.evaluate.seed, available=available)
+        if record is not None:
+            self.traces.setdefault(record, []).extend(episodes)
         if self.progress is not None:
             self.progress.step()
         return evaluation.episode_metrics(episodes, lam, self.config.reward.gamma, self.c_ref,
@@ -204,11 +209,29 @@ def table1(ev: Evaluator, routers: dict[str, Policy], rivet: dict[str, list[Rout
         rows.append(_row("oracle", split, exact["oracle"], top, reference))
         rows += [_row(f"fixed:{n}", split, exact[n], top, reference) for n in ev.sim.pool.names]
         rows.append(_row("random", split, exact["random"], top, reference))
-        rows += [_row(name, split, ev.rollouts(policy, split, lam), top, reference) for name, policy in routers.items()]
+        rows += [_row(name, split, ev.rollouts(policy, split, lam, record=name), top, reference)
+                 for name, policy in routers.items()]
         for name, seeds in rivet.items():
-            rows.append(_seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in seeds], top,
-                                  reference))
+            rows.append(_seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam, record=name) for r in seeds],
+                                  top, reference))
     return rows
+
+
+def post_error(ev: Evaluator, reference: str = "MTRouter") -> list[dict]:
+    """Tables 6-7: routing after execution errors, on every learned router's Table 1 traces (test and OOD pooled,
+    RIVET's seeds pooled); switch cost relative to `reference`'s."""
+    stats = {name: traces.post_error(episodes) for name, episodes in ev.traces.items()}
+    reference_cost = stats[reference]["switch_cost_usd"] if reference in stats else float("nan")
+    return [{"router": name, **{k: v for k, v in s.items() if k != "by_class"},
+             "switch_cost_rel": s["switch_cost_usd"] / reference_cost,
+             **{f"events: {kind}": n for kind, n in s["by_class"].items()}} for name, s in stats.items()]
+
+
+def stage_preferences(ev: Evaluator) -> list[dict]:
+    """Table 8 / Figure 5: each learned router's model shares within Analyze, Solve and Submit turns (Table 1
+    traces, test and OOD pooled)."""
+    return [{"router": name, "stage": stage, **shares} for name, episodes in ev.traces.items()
+            for stage, shares in traces.stage_preferences(episodes, ev.sim.pool.names).items()]
 
 
 def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list[dict]:
@@ -344,9 +367,22 @@ TABLES = {
     "scatter": ("Accuracy-cost scatter (test manifest) with the oracle frontier",
                 [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3)]),
+    "post_error": ("Table 7: routing after execution errors (Table 1 traces, test and OOD pooled; switch cost "
+                   "relative to MTRouter's)",
+                   [("router", "router", -1), ("turns", "turns", -1), ("error_events", "error events", -1),
+                    ("error_event_rate", "error-event rate", 3), ("switch_rate", "switch rate", 3),
+                    ("switch_cost_usd", "switch cost ($)", 5), ("switch_cost_rel", "vs MTRouter", 3),
+                    ("next_turn_recovery", "next-turn recovery", 3)]),
 }
 PLOTS = {"lambda_sweep": report.plot_lambda_sweep, "online_curve": report.plot_online_curve,
-         "scatter": report.plot_scatter}
+         "scatter": report.plot_scatter, "stage_preferences": report.plot_stage_preferences}
+
+
+def stage_table(models: Sequence[str]) -> tuple[str, list]:
+    """Table 8 / Figure 5's section: one column per candidate model."""
+    return ("Table 8 / Figure 5: model selection per turn stage (Table 1 traces, test and OOD pooled; each stage "
+            "sums to 1)", [("router", "router", -1), ("stage", "stage", -1), ("turns", "turns", -1)]
+            + [(m, m, 2) for m in models])
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -424,7 +460,9 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("Table 5 done")
     experiments["interventions"] = interventions(ev, onlines, lam)
     experiments["scatter"] = scatter(ev, experiments["table1"])
-    log("Table 3 and the scatter done")
+    experiments["post_error"] = post_error(ev)
+    experiments["stage_preferences"] = stage_preferences(ev)
+    log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
 
     log("write the report", 7)
     meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
@@ -435,6 +473,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
-    report.write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments", TABLES, PLOTS)
+    tables = {**TABLES, "stage_preferences": stage_table(sim.pool.names)}
+    report.write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments", tables, PLOTS)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
