@@ -1,6 +1,7 @@
 """launch.mint, tiny variant, on the shared MINT logs: committed routing, value prediction and the lambda sweep."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,8 @@ def test_tiny_mint_experiment(tmp_path):
                             text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
-    assert set(experiments) == {"committed_routing", "value_prediction", "lambda_sweep"}
+    assert set(experiments) == {"committed_routing", "value_prediction", "lambda_sweep", "post_error",
+                                "stage_preferences"}
     rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
     assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
             "RIVET", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
@@ -36,6 +38,14 @@ def test_tiny_mint_experiment(tmp_path):
     values = experiments["value_prediction"]["rows"]
     assert {v["variant"] for v in values} == {"beta=0", "beta=1", "zero response (beta=1)"}
     assert all(v["ci95_low"] <= v["mse"] <= v["ci95_high"] and v["seeds"] == 2 for v in values)
+    # The trace analyses on the committed choices' logged episodes: a fixed model never switches after an error.
+    post = {r["router"]: r for r in experiments["post_error"]["rows"]}
+    assert set(post) == set(rows) - {"random (expected)"}
+    assert all(r["switch_rate"] == 0 or math.isnan(r["switch_rate"]) for n, r in post.items() if n.startswith("fixed:"))
+    assert all(0 <= r["error_events"] <= r["turns"] for r in post.values())
+    assert {(r["router"], r["stage"]) for r in experiments["stage_preferences"]["rows"]} == {
+        (n, s) for n in post for s in ("Analyze", "Solve", "Submit")}
+    assert "Table 7" in (workdir / "report.md").read_text()
     assert (workdir / "results" / "lambda_sweep.png").exists() and "Committed routing" in (
         workdir / "report.md").read_text()
 

@@ -34,7 +34,9 @@ from rivet_jax.data.replay import episode_rows, reference_cost
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments.common import train_seeds
-from rivet_jax.experiments.report import save_figure, write_outputs
+from rivet_jax.experiments import traces
+from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
+                                          write_outputs)
 from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
@@ -71,6 +73,7 @@ class MintData:
         self.tasks = {e.task.id: e.task for e in corpus.episodes}
         self.table = {(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
                       for e in corpus.episodes}
+        self.logged = {(e.task.id, e.turns[0].model): e for e in corpus.episodes}  # (task, model) -> its episode
         self.notes = corpus.notes
         directory = workdir / "corpus"
         directory.mkdir(parents=True, exist_ok=True)
@@ -235,15 +238,18 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
     mtrouter = MTRouter.fit(train_eps, data.pool, store, lam=config.reward.lam, max_tokens=config.max_state_tokens,
                             epochs=exp.mtrouter_epochs, seed=config.seed)
-    committed_rows = [{"router": f"fixed:{m}", "encoder": "", **committed(data, lambda t, m=m: m, reference)}
-                      for m in data.pool.names]
+    choosers: dict[str, list[Callable[[str], str]]] = {}  # router -> its choice per seed, for the trace analyses
+    for m in data.pool.names:
+        choosers[f"fixed:{m}"] = [lambda t, m=m: m]
+    committed_rows = [{"router": name, "encoder": "", **committed(data, choose, reference)}
+                      for name, (choose,) in choosers.items()]
     committed_rows.append({"router": "random (expected)", "encoder": "", **_expected(data, reference)})
-    committed_rows.append({"router": "oracle (per task)", "encoder": "",
-                           **committed(data, lambda t: oracle_choice(data, t), reference)})
-    committed_rows.append({"router": "Weighted kNN", "encoder": encoder_name,
-                           **committed(data, lambda t: knn.choose(data.tasks[t], data.pool.names), reference)})
-    committed_rows.append({"router": "MTRouter-style", "encoder": encoder_name, **committed(
-        data, lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0], reference)})
+    choosers["oracle (per task)"] = [lambda t: oracle_choice(data, t)]
+    choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.pool.names)]
+    choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0]]
+    committed_rows += [{"router": name, "encoder": "" if name.startswith("oracle") else encoder_name,
+                        **committed(data, choosers[name][0], reference)}
+                       for name in ("oracle (per task)", "Weighted kNN", "MTRouter-style")]
     named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers
@@ -252,7 +258,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         stores["hashing"] = EmbeddingStore(hashing_routers[0].encoder, workdir / "embeddings")
     for name, seeds in named.items():
         encoder = "hashing" if "hashing" in name else encoder_name
-        per_seed = [committed(data, _router_choice(r, data, stores[encoder]), reference) for r in seeds]
+        choosers[name] = [_router_choice(r, data, stores[encoder]) for r in seeds]
+        per_seed = [committed(data, choose, reference) for choose in choosers[name]]
         committed_rows.append({"router": name, "encoder": encoder,
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]},
                                "accuracy_sd": float(np.std([p["accuracy"] for p in per_seed])),
@@ -278,7 +285,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                            **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
-    experiments = {"committed_routing": committed_rows, "value_prediction": value_rows, "lambda_sweep": sweep_rows}
+    committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]]
+                        for name, fns in choosers.items()}
+    experiments = {"committed_routing": committed_rows, "value_prediction": value_rows, "lambda_sweep": sweep_rows,
+                   "post_error": [{"router": name, **{k: v for k, v in traces.post_error(eps).items()
+                                                      if k != "by_class"}}
+                                  for name, eps in committed_traces.items()],
+                   "stage_preferences": [{"router": name, "stage": stage, **shares}
+                                         for name, eps in committed_traces.items()
+                                         for stage, shares in traces.stage_preferences(eps, data.pool.names).items()]}
     meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
             "summary": (f"MINT logs (six models, {len(data.tasks)} tasks), manifest split train "
@@ -287,8 +302,12 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"{config.max_state_tokens}); lambda {config.reward.lam}; c_ref {data.c_ref:.6f}. RIVET rows: "
                         f"mean over seeds {list(exp.seeds)}. Offline only: committed routing is exact on these "
                         f"logs because every model ran every task.")}
-    write_outputs(workdir, experiments, meta, "RIVET on the MINT logs", tables=TABLES,
-                  plots={"lambda_sweep": _plot_sweep})
+    traced = ("the logged episodes each committed choice selects on the test tasks; a fixed model's are its logs as "
+              "they are")
+    tables = {**TABLES, "post_error": post_error_section(traced),
+              "stage_preferences": stage_section(traced, data.pool.names)}
+    write_outputs(workdir, experiments, meta, "RIVET on the MINT logs", tables=tables,
+                  plots={"lambda_sweep": _plot_sweep, "stage_preferences": plot_stage_preferences})
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
 

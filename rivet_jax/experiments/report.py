@@ -59,6 +59,21 @@ def write_outputs(workdir: Path, experiments: dict[str, list[dict]], meta: dict,
     return report
 
 
+def post_error_section(where: str) -> tuple[str, list]:
+    """Table 7's report section (App. B.5) for traces described by `where`."""
+    return (f"Table 7: routing after execution errors ({where})",
+            [("router", "router", -1), ("turns", "turns", -1), ("error_events", "error events", -1),
+             ("error_event_rate", "error-event rate", 3), ("switch_rate", "switch rate", 3),
+             ("switch_cost_usd", "switch cost ($)", 5), ("switch_cost_rel", "vs MTRouter", 3),
+             ("next_turn_recovery", "next-turn recovery", 3)])
+
+
+def stage_section(where: str, models) -> tuple[str, list]:
+    """Table 8 / Figure 5's report section (App. B.6): one column per candidate model."""
+    return (f"Table 8 / Figure 5: model selection per turn stage ({where}; each stage sums to 1)",
+            [("router", "router", -1), ("stage", "stage", -1), ("turns", "turns", -1)] + [(m, m, 2) for m in models])
+
+
 # --------------------------------------------------------------------------------------------------- plots
 
 

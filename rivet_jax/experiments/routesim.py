@@ -367,22 +367,9 @@ TABLES = {
     "scatter": ("Accuracy-cost scatter (test manifest) with the oracle frontier",
                 [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3)]),
-    "post_error": ("Table 7: routing after execution errors (Table 1 traces, test and OOD pooled; switch cost "
-                   "relative to MTRouter's)",
-                   [("router", "router", -1), ("turns", "turns", -1), ("error_events", "error events", -1),
-                    ("error_event_rate", "error-event rate", 3), ("switch_rate", "switch rate", 3),
-                    ("switch_cost_usd", "switch cost ($)", 5), ("switch_cost_rel", "vs MTRouter", 3),
-                    ("next_turn_recovery", "next-turn recovery", 3)]),
 }
 PLOTS = {"lambda_sweep": report.plot_lambda_sweep, "online_curve": report.plot_online_curve,
          "scatter": report.plot_scatter, "stage_preferences": report.plot_stage_preferences}
-
-
-def stage_table(models: Sequence[str]) -> tuple[str, list]:
-    """Table 8 / Figure 5's section: one column per candidate model."""
-    return ("Table 8 / Figure 5: model selection per turn stage (Table 1 traces, test and OOD pooled; each stage "
-            "sums to 1)", [("router", "router", -1), ("stage", "stage", -1), ("turns", "turns", -1)]
-            + [(m, m, 2) for m in models])
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -473,7 +460,9 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
-    tables = {**TABLES, "stage_preferences": stage_table(sim.pool.names)}
+    traced = "every learned router's Table 1 traces, test and OOD pooled"
+    tables = {**TABLES, "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
+              "stage_preferences": report.stage_section(traced, sim.pool.names)}
     report.write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments", tables, PLOTS)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
