@@ -32,14 +32,15 @@ from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import (ClusterRouter, ContrastiveRouter, KNNRouter,
                                              MatrixFactorizationRouter)
 from rivet_jax.data.replay import reference_cost
-from rivet_jax.data.schema import Episode, read_episodes
+from rivet_jax.data.schema import read_episodes
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
-from rivet_jax.envs.routesim import RouteSim, make_routesim
+from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import report, traces
 from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_seeds, with_overrides
+from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
@@ -109,92 +110,6 @@ def run_routesim(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
     return evaluate(config, workdir, router_dir)
 
 
-# ---------------------------------------------------------------------------------------------- evaluation
-
-
-class _InterventionPolicy:
-    """A policy built on the router's scores, deciding a batch of turns at once (batched rollouts)."""
-
-    def __init__(self, router: Router, name: str):
-        self.router, self.name = router, name
-
-    def act(self, task, history, available, rng):
-        return self.act_batch([(task, history, available, rng)])[0]
-
-    def act_batch(self, requests):
-        q = self.router.scores([(task.prompt, history) for task, history, _, _ in requests],
-                               [list(available) for _, _, available, _ in requests])      # (B, M)
-        return [(self.choose(history, available, row), 1.0) for (_, history, available, _), row in zip(requests, q)]
-
-
-class StayPolicy(_InterventionPolicy):
-    """Table 3 'Stay': the router's first-turn model, kept for the whole episode."""
-
-    def __init__(self, router: Router):
-        super().__init__(router, "stay")
-
-    def choose(self, history, available, q: np.ndarray) -> str:
-        if history and history[0].model in available:
-            return history[0].model
-        return self.router.pool.names[int(np.argmax(q))]
-
-
-class SwitchAtTwoPolicy(_InterventionPolicy):
-    """Table 3 'Switch': at turn two the router's second-highest-scoring model, greedy elsewhere."""
-
-    def __init__(self, router: Router):
-        super().__init__(router, "switch")
-
-    def choose(self, history, available, q: np.ndarray) -> str:
-        ranked = np.argsort(-q, kind="stable")  # best first; ties in pool order
-        return self.router.pool.names[int(ranked[1] if len(history) == 1 and len(available) > 1 else ranked[0])]
-
-
-class Evaluator:
-    """Rollouts and exact reports on one simulator, with the corpus' c_ref and the configured rollouts."""
-
-    def __init__(self, sim: RouteSim, config, c_ref: float, progress: Progress | None = None):
-        self.sim, self.config, self.c_ref, self.progress = sim, config, c_ref, progress
-        self.traces: dict[str, list[Episode]] = {}  # router -> its recorded episodes (`record`)
-        self._exact: dict = {}
-
-    def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
-                 record: str | None = None) -> dict:
-        """One router's rollouts over a split: one unit of `progress`; the episodes are kept under `record`."""
-        episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
-                                      self.config.evaluate.seed, available=available)
-        if record is not None:
-            self.traces.setdefault(record, []).extend(episodes)
-        if self.progress is not None:
-            self.progress.step()
-        return evaluation.episode_metrics(episodes, lam, self.config.reward.gamma, self.c_ref,
-                                          self.config.evaluate.rollouts_per_task)
-
-    def exact(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
-        mask = None if available is None else tuple(n in available for n in self.sim.pool.names)
-        key = (split, lam, mask)
-        if key not in self._exact:
-            self._exact[key] = oracle.policy_report(self.sim, split, lam, self.config.reward.gamma, self.c_ref,
-                                                    available=mask)
-        return self._exact[key]
-
-
-def _row(router: str, split: str, metrics: dict, oracle_return: float, reference_cost_usd: float,
-         **extra) -> dict:
-    return {"router": router, "split": split, "accuracy": metrics["accuracy"], "cost_usd": metrics["cost"],
-            "cost_rel": metrics["cost"] / reference_cost_usd, "return": metrics["return"],
-            "regret": oracle_return - metrics["return"], "turns": metrics["turns"],
-            "switch_rate": metrics["switch_rate"], **extra}
-
-
-def _seed_row(router: str, split: str, per_seed: list[dict], oracle_return: float, reference_cost_usd: float) -> dict:
-    """Mean over seeds, with the standard deviation of accuracy, cost and return."""
-    mean = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
-    sd = {f"{k}_sd": float(np.std([m[k] for m in per_seed])) for k in ("accuracy", "cost", "return")}
-    return _row(router, split, mean, oracle_return, reference_cost_usd, seeds=len(per_seed),
-                accuracy_sd=sd["accuracy_sd"], cost_usd_sd=sd["cost_sd"], return_sd=sd["return_sd"])
-
-
 # --------------------------------------------------------------------------------------------- experiments
 
 
@@ -206,13 +121,13 @@ def table1(ev: Evaluator, routers: dict[str, Policy], rivet: dict[str, list[Rout
         exact = ev.exact(split, lam)
         reference = exact[oracle.most_accurate_fixed(exact, ev.sim.pool.names)]["cost"]
         top = exact["oracle"]["return"]
-        rows.append(_row("oracle", split, exact["oracle"], top, reference))
-        rows += [_row(f"fixed:{n}", split, exact[n], top, reference) for n in ev.sim.pool.names]
-        rows.append(_row("random", split, exact["random"], top, reference))
-        rows += [_row(name, split, ev.rollouts(policy, split, lam, record=name), top, reference)
+        rows.append(row("oracle", split, exact["oracle"], top, reference))
+        rows += [row(f"fixed:{n}", split, exact[n], top, reference) for n in ev.sim.pool.names]
+        rows.append(row("random", split, exact["random"], top, reference))
+        rows += [row(name, split, ev.rollouts(policy, split, lam, record=name), top, reference)
                  for name, policy in routers.items()]
         for name, seeds in rivet.items():
-            rows.append(_seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam, record=name) for r in seeds],
+            rows.append(seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam, record=name) for r in seeds],
                                   top, reference))
     return rows
 
@@ -240,7 +155,7 @@ def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list
     top = ev.exact(split, lam)["oracle"]["return"]
     metrics = {name: [ev.rollouts(RouterPolicy(r), split, lam) for r in routers] for name, routers in variants.items()}
     reference = float(np.mean([m["cost"] for m in metrics[MAIN]]))
-    return [_seed_row(name, split, per_seed, top, reference) for name, per_seed in metrics.items()]
+    return [seed_row(name, split, per_seed, top, reference) for name, per_seed in metrics.items()]
 
 
 def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]]) -> list[dict]:
@@ -250,8 +165,8 @@ def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]]) -> list[di
         exact = ev.exact(split, lam)
         reference = exact[oracle.most_accurate_fixed(exact, ev.sim.pool.names)]["cost"]
         top = exact["oracle"]["return"]
-        rows.append({**_row("oracle", split, exact["oracle"], top, reference), "lambda": lam})
-        rows.append({**_seed_row(MAIN, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
+        rows.append({**row("oracle", split, exact["oracle"], top, reference), "lambda": lam})
+        rows.append({**seed_row(MAIN, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
                                  reference), "lambda": lam})
     return rows
 
@@ -282,12 +197,12 @@ def unavailability(ev: Evaluator, routers: dict[str, Policy], rivet_online: list
         ours = [ev.rollouts(RouterPolicy(r), split, lam, available) for r in rivet_online]
         reference = float(np.mean([m["cost"] for m in ours]))
         pool = f"w/o {removed}"
-        rows.append({**_row("oracle", split, exact["oracle"], top, reference), "pool": pool})
-        rows += [{**_row(f"fixed:{n}", split, exact[n], top, reference), "pool": pool} for n in available]
-        rows.append({**_row("random", split, exact["random"], top, reference), "pool": pool})
-        rows += [{**_row(name, split, ev.rollouts(policy, split, lam, available), top, reference), "pool": pool}
+        rows.append({**row("oracle", split, exact["oracle"], top, reference), "pool": pool})
+        rows += [{**row(f"fixed:{n}", split, exact[n], top, reference), "pool": pool} for n in available]
+        rows.append({**row("random", split, exact["random"], top, reference), "pool": pool})
+        rows += [{**row(name, split, ev.rollouts(policy, split, lam, available), top, reference), "pool": pool}
                  for name, policy in routers.items()]
-        rows.append({**_seed_row("RIVET Online", split, ours, top, reference), "pool": pool})
+        rows.append({**seed_row("RIVET Online", split, ours, top, reference), "pool": pool})
     return rows
 
 
@@ -337,9 +252,6 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
                  "accuracy": ev.exact(split, lam)["oracle"]["accuracy"], "cost_usd": ev.exact(split, lam)["oracle"]["cost"]}
                 for lam in ev.config.reproduce.frontier_lambdas]
     return points + frontier
-
-
-# -------------------------------------------------------------------------------------------------- plots
 
 
 # -------------------------------------------------------------------------------------------------- report

@@ -1,0 +1,99 @@
+"""What the RouteSim experiments evaluate with: the `Evaluator` (batched rollouts, cached exact reports, recorded
+traces), Table 3's Stay / Switch intervention policies, and the row format every table shares."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rivet_jax import evaluation
+from rivet_jax.data.schema import Episode
+from rivet_jax.envs import oracle
+from rivet_jax.envs.base import Policy
+from rivet_jax.envs.routesim import RouteSim
+from rivet_jax.experiments.common import Progress
+from rivet_jax.router import Router
+
+
+class _InterventionPolicy:
+    """A policy built on the router's scores, deciding a batch of turns at once (batched rollouts)."""
+
+    def __init__(self, router: Router, name: str):
+        self.router, self.name = router, name
+
+    def act(self, task, history, available, rng):
+        return self.act_batch([(task, history, available, rng)])[0]
+
+    def act_batch(self, requests):
+        q = self.router.scores([(task.prompt, history) for task, history, _, _ in requests],
+                               [list(available) for _, _, available, _ in requests])      # (B, M)
+        return [(self.choose(history, available, row), 1.0) for (_, history, available, _), row in zip(requests, q)]
+
+
+class StayPolicy(_InterventionPolicy):
+    """Table 3 'Stay': the router's first-turn model, kept for the whole episode."""
+
+    def __init__(self, router: Router):
+        super().__init__(router, "stay")
+
+    def choose(self, history, available, q: np.ndarray) -> str:
+        if history and history[0].model in available:
+            return history[0].model
+        return self.router.pool.names[int(np.argmax(q))]
+
+
+class SwitchAtTwoPolicy(_InterventionPolicy):
+    """Table 3 'Switch': at turn two the router's second-highest-scoring model, greedy elsewhere."""
+
+    def __init__(self, router: Router):
+        super().__init__(router, "switch")
+
+    def choose(self, history, available, q: np.ndarray) -> str:
+        ranked = np.argsort(-q, kind="stable")  # best first; ties in pool order
+        return self.router.pool.names[int(ranked[1] if len(history) == 1 and len(available) > 1 else ranked[0])]
+
+
+class Evaluator:
+    """Rollouts and exact reports on one simulator, with the corpus' c_ref and the configured rollouts."""
+
+    def __init__(self, sim: RouteSim, config, c_ref: float, progress: Progress | None = None):
+        self.sim, self.config, self.c_ref, self.progress = sim, config, c_ref, progress
+        self.traces: dict[str, list[Episode]] = {}  # router -> its recorded episodes (`record`)
+        self._exact: dict = {}
+
+    def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
+                 record: str | None = None) -> dict:
+        """One router's rollouts over a split: one unit of `progress`; the episodes are kept under `record`."""
+        episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
+                                      self.config.evaluate.seed, available=available)
+        if record is not None:
+            self.traces.setdefault(record, []).extend(episodes)
+        if self.progress is not None:
+            self.progress.step()
+        return evaluation.episode_metrics(episodes, lam, self.config.reward.gamma, self.c_ref,
+                                          self.config.evaluate.rollouts_per_task)
+
+    def exact(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
+        mask = None if available is None else tuple(n in available for n in self.sim.pool.names)
+        key = (split, lam, mask)
+        if key not in self._exact:
+            self._exact[key] = oracle.policy_report(self.sim, split, lam, self.config.reward.gamma, self.c_ref,
+                                                    available=mask)
+        return self._exact[key]
+
+
+def row(router: str, split: str, metrics: dict, oracle_return: float, reference_cost_usd: float,
+         **extra) -> dict:
+    return {"router": router, "split": split, "accuracy": metrics["accuracy"], "cost_usd": metrics["cost"],
+            "cost_rel": metrics["cost"] / reference_cost_usd, "return": metrics["return"],
+            "regret": oracle_return - metrics["return"], "turns": metrics["turns"],
+            "switch_rate": metrics["switch_rate"], **extra}
+
+
+def seed_row(router: str, split: str, per_seed: list[dict], oracle_return: float, reference_cost_usd: float) -> dict:
+    """Mean over seeds, with the standard deviation of accuracy, cost and return."""
+    mean = {k: float(np.mean([m[k] for m in per_seed])) for k in per_seed[0]}
+    sd = {f"{k}_sd": float(np.std([m[k] for m in per_seed])) for k in ("accuracy", "cost", "return")}
+    return row(router, split, mean, oracle_return, reference_cost_usd, seeds=len(per_seed),
+                accuracy_sd=sd["accuracy_sd"], cost_usd_sd=sd["cost_sd"], return_sd=sd["return_sd"])
