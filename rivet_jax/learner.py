@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from rivet_jax import losses
-from rivet_jax.data.cards import card_features
+from rivet_jax.data.cards import placeholder_cards
 from rivet_jax.data.replay import Batch
 from rivet_jax.data.schema import ModelPool
 from rivet_jax.networks import RivetNet, init_params
@@ -64,8 +64,7 @@ def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainSta
 def template_state(config, net: RivetNet, tx, state_dim: int, pool: ModelPool, stage: str) -> TrainState:
     """A freshly initialised state of `stage`: the starting point of MC, and the tree shape every restore fills."""
     key = stage_key(config.seed, stage)
-    card_x, card_mask = card_features(pool)
-    cards = (jnp.zeros((len(pool), state_dim), jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+    cards = placeholder_cards(pool, state_dim)
     params = init_params(net, jax.random.fold_in(key, 1_000_003), state_dim, cards)
     return init_train_state(net, tx, params, key)
 

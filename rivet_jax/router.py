@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from rivet_jax import checkpointing
-from rivet_jax.data.cards import card_features
+from rivet_jax.data.cards import card_features, placeholder_cards
 from rivet_jax.data.schema import ModelPool, Turn
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder, make_encoder
@@ -140,8 +140,7 @@ class Router:
 
 def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
     """The parameter tree's shapes and dtypes (nothing computed): the target a checkpoint's params restore into."""
-    card_x, card_mask = card_features(pool)
-    cards = (jnp.zeros((len(pool), state_dim), jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+    cards = placeholder_cards(pool, state_dim)
     return jax.eval_shape(lambda: init_params(net, jax.random.key(0), state_dim, cards))
 
 

@@ -45,3 +45,10 @@ def card_features(pool: ModelPool) -> tuple[np.ndarray, np.ndarray]:
     mask = np.array([[v is not None for v in row] for row in rows], np.float32)
     x = np.array([[0.0 if v is None else v for v in row] for row in rows], np.float32)
     return x, mask
+
+
+def placeholder_cards(pool: ModelPool, state_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(e_m (M, D) zeros, x_m, mask): the cards' shapes and fields without their text embeddings, which is all
+    parameter initialisation (and a shape-only restore target) needs."""
+    card_x, card_mask = card_features(pool)
+    return np.zeros((len(pool), state_dim), np.float32), card_x, card_mask
