@@ -29,10 +29,20 @@ def rollout(env: Env, policy: Policy, split: str, rollouts: int, seed: int,
 
     All of them are stepped together (`run_episodes`): a policy with `act_batch` decides every live episode's turn
     in one call."""
+    return rollout_each(env, [policy], split, rollouts, seed, available)[0]
+
+
+def rollout_each(env: Env, policies: Sequence[Policy], split: str, rollouts: int, seed: int,
+                 available: Sequence[str] | None = None) -> list[list[Episode]]:
+    """`rollout` of every policy, all episodes stepped together (the runs of a `RouterGroup` score in one call);
+    each policy's episodes equal its own `rollout`'s."""
     runs = [(r, i, task) for r in range(rollouts) for i, task in enumerate(env.tasks(split))]
-    return run_episodes(env, [task.id for _, _, task in runs], policy,
-                        [np.random.default_rng([seed, r, i]) for r, i, _ in runs],
-                        [f"{policy.name}/{task.id}/{r}" for r, _, task in runs], available=available)
+    episodes = run_episodes(env, [task.id for _ in policies for _, _, task in runs],
+                            [policy for policy in policies for _ in runs],
+                            [np.random.default_rng([seed, r, i]) for _ in policies for r, i, _ in runs],
+                            [f"{policy.name}/{task.id}/{r}" for policy in policies for r, _, task in runs],
+                            available=available)
+    return [episodes[p * len(runs):(p + 1) * len(runs)] for p in range(len(policies))]
 
 
 def episode_metrics(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float, rollouts: int = 1) -> dict:

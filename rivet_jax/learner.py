@@ -7,7 +7,8 @@ Every stage (MC, TD, online) steps its state through `make_update`; the epoch en
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import json
+from typing import Any, Callable, NamedTuple, Sequence
 
 import flax
 import jax
@@ -79,16 +80,72 @@ def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState
 
 
 def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
-    """One gradient update on a gathered batch: (state, batch, cards) -> (state, metrics). Not jit'ed here."""
+    """One gradient update on a gathered batch: (state, batch, cards[, weights]) -> (state, metrics). Not jit'ed.
+
+    `weights` (`losses.LossWeights`) default to `config.loss`'s; a run group passes each run's as traced values."""
     loss_fn = functools.partial(losses.rivet_loss, net=net, config=config, stage=stage)
 
-    def update(state: TrainState, batch: Batch, cards):
+    def update(state: TrainState, batch: Batch, cards, weights: losses.LossWeights | None = None):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
-                                                                         cards)
+                                                                         cards, weights)
         metrics["grad_norm"] = optax.tree.norm(grads)
         return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
 
     return update
+
+
+# ------------------------------------------------------------------------------- many runs as one program
+
+
+# The settings the runs of one group may differ in: values the vmapped program reads, or bookkeeping.
+VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "reward.lam")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def shape_signature(config) -> str:
+    """Everything in `config` but `VALUE_KEYS`: runs with equal signatures can train as one program."""
+    settings = {k: v for k, v in _flat(config.to_dict()).items() if k not in VALUE_KEYS}
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+class RunValues(NamedTuple):
+    """What differs between the runs of a group (`rivet_jax.run_group`) besides their states: leading axis R."""
+
+    weights: losses.LossWeights  # each (R,) float32
+    reward: jax.Array            # (R, N) float32 r_t of the logged replay at each run's lambda
+    mc_return: jax.Array         # (R, N) float32 G_t at each run's lambda
+
+
+def run_values(configs: Sequence, replays: Sequence[dict]) -> RunValues:
+    """The values of runs (configs[r], the `TrainData.replay` of its corpus read at its lambda)."""
+    weights = [losses.LossWeights.of(config) for config in configs]
+    column = lambda name: jnp.stack([jnp.asarray(replay[name], jnp.float32) for replay in replays])
+    return RunValues(weights=losses.LossWeights(*(jnp.asarray(w, jnp.float32) for w in zip(*weights))),
+                     reward=column("reward"), mc_return=column("mc_return"))
+
+
+def with_run_rewards(batch: Batch, values: RunValues, idx: jax.Array) -> Batch:
+    """A gathered batch of logged transitions `idx` with one run's rewards and returns (inside a vmap over runs)."""
+    return batch._replace(reward=values.reward[idx], mc_return=values.mc_return[idx])
+
+
+def stack(trees: Sequence[Any]) -> Any:
+    """R same-shaped pytrees -> one pytree with a leading run axis R (typed PRNG keys included)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def unstack(tree: Any, r: int) -> Any:
+    """Run `r` of a stacked pytree."""
+    return jax.tree.map(lambda leaf: leaf[r], tree)
 
 
 # ------------------------------------------------------------------------------------------ checkpoint trees

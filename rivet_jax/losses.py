@@ -12,6 +12,8 @@ for every max, argmax and logsumexp, so an unavailable model never supplies a ta
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -70,13 +72,28 @@ batched_double_dqn_target = jax.vmap(double_dqn_target, in_axes=(0, 0, None, 0, 
 batched_cql = jax.vmap(cql)
 
 
-def rivet_loss(params, target_params, batch: Batch, cards, *, net: RivetNet, config, stage: str):
+class LossWeights(NamedTuple):
+    """The weights of Eq. 7 and 11 that a run may change without changing a shape: Python floats for one run, or
+    traced scalars when many runs train as one vmapped program (`rivet_jax.run_group`)."""
+
+    alpha: Any     # CQL weight; 0 = "w/o CQL"
+    beta: Any      # RIVE weight; 0 = "w/o RIVE"
+    response: Any  # 1 = RIVE reads e(o_t); 0 = "w/o response" (a zero vector)
+
+    @classmethod
+    def of(cls, config) -> "LossWeights":
+        return cls(alpha=config.loss.alpha, beta=config.loss.beta, response=0.0 if config.loss.zero_response else 1.0)
+
+
+def rivet_loss(params, target_params, batch: Batch, cards, weights: LossWeights | None = None, *, net: RivetNet,
+               config, stage: str):
     """Eq. 11 on a batch, and its metrics: L_MC = fit(G_t) (`stage` 'mc'), L_TD = fit(Y_t) + alpha CQL ('td').
 
-    `cards` = (e_m (M, D), x_m (M, F), mask (M, F)); `config.loss` sets beta, alpha, delta and the zero-response
-    ablation, `config.reward.gamma` the discount.
+    `cards` = (e_m (M, D), x_m (M, F), mask (M, F)); `weights` (default: `config.loss`'s) sets alpha, beta and the
+    zero-response ablation, `config.loss.huber_delta` delta, `config.reward.gamma` the discount.
     """
-    e_o = jnp.zeros_like(batch.e_o) if config.loss.zero_response else batch.e_o
+    w = LossWeights.of(config) if weights is None else weights
+    e_o = batch.e_o * w.response
     q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o,
                               method=RivetNet.q_both)                                              # (B, M), (B,)
     if stage == "mc":
@@ -88,9 +105,9 @@ def rivet_loss(params, target_params, batch: Batch, cards, *, net: RivetNet, con
         target = batched_double_dqn_target(batch.reward, batch.done, config.reward.gamma,
                                            jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)
     q_taken = jnp.take_along_axis(q_all, batch.action[:, None], axis=1)[:, 0]  # (B,)
-    fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, config.loss.beta, config.loss.huber_delta))
+    fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, w.beta, config.loss.huber_delta))
     cql_loss = jnp.zeros(()) if stage == "mc" else jnp.mean(batched_cql(q_all, batch.action, batch.available))
-    loss = fit_loss + config.loss.alpha * cql_loss
+    loss = fit_loss + w.alpha * cql_loss
     available_q = jnp.where(batch.available, q_all, jnp.nan)
     metrics = {"loss": loss, "fit": fit_loss, "cql": cql_loss, "q_taken": jnp.mean(q_taken),
                "q_resp": jnp.mean(q_resp), "q_mean": jnp.nanmean(available_q),

@@ -7,19 +7,25 @@
         after `early_stop_after` trajectories: stop once validation has not improved `patience` times in a row
     result: the best validation checkpoint (stage "online"), and a learning curve on the test manifest
 
-The new replay lives on device in fixed-capacity arrays (embedding vectors, not text indices), so adding a
-transition never changes a shape and nothing recompiles. Progress (state, new replay, counters) is checkpointed
-at every validation under stage "online_progress", so a killed run resumes where it was.
+The runs of a run group (`rivet_jax.run_group`; a solo run is a group of one) adapt in lockstep: trajectory k of
+every run is one batched rollout (each run's own router and exploration draws, scored in one vmapped call,
+`router.RouterGroup`), every update step is one vmapped call over the runs (a run whose episode was shorter sits
+the extra steps out), and validations of all runs are one batched rollout. Each run keeps its own checkpoints.
+
+The new replay lives on device in fixed-capacity arrays (R, capacity, ...) of embedding vectors, so adding a
+transition never changes a shape and nothing recompiles. Progress (state, the new replay's filled rows, counters)
+is checkpointed per run at every validation under stage "online_progress", so a killed run resumes where it was.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +36,14 @@ from rivet_jax import checkpointing, evaluation, sharding, train
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
 from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
-from rivet_jax.envs.base import RouterPolicy, run_episode
+from rivet_jax.encoders import Encoder
+from rivet_jax.envs.base import GroupMember, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.learner import (TrainState, from_saveable, init_train_state, make_optimizer, make_update, saveable,
-                               template_state)
+from rivet_jax.learner import (RunValues, TrainState, from_saveable, init_train_state, make_optimizer, make_update,
+                               run_values, saveable, shape_signature, stack, template_state, unstack,
+                               with_run_rewards)
 from rivet_jax.networks import make_network
-from rivet_jax.router import Router
+from rivet_jax.router import RouterGroup
 
 STAGE, PROGRESS = "online", "online_progress"
 
@@ -44,7 +52,7 @@ STAGE, PROGRESS = "online", "online_progress"
 
 
 def empty_replay(capacity: int, dim: int, num_models: int) -> Batch:
-    """Fixed-capacity new replay, on device: vectors instead of text indices."""
+    """Fixed-capacity new replay of one run, on device: vectors instead of text indices."""
     return Batch(h_t=jnp.zeros((capacity, dim)), h_tp1=jnp.zeros((capacity, dim)), e_o=jnp.zeros((capacity, dim)),
                  action=jnp.zeros(capacity, jnp.int32), reward=jnp.zeros(capacity), done=jnp.zeros(capacity),
                  mc_return=jnp.zeros(capacity), available=jnp.ones((capacity, num_models), bool),
@@ -52,42 +60,55 @@ def empty_replay(capacity: int, dim: int, num_models: int) -> Batch:
 
 
 @functools.partial(jax.jit, donate_argnums=0)
-def _write_rows(replay: Batch, rows: Batch, start: jax.Array) -> Batch:
-    return jax.tree.map(lambda buf, new: jax.lax.dynamic_update_slice_in_dim(buf, new, start, axis=0), replay, rows)
+def _write_rows(replays: Batch, rows: Batch, run: jax.Array, start: jax.Array) -> Batch:
+    """`rows` (K, ...) written at [run, start:start + K] of the stacked replays (R, capacity, ...)."""
+    return jax.tree.map(lambda buf, new: jax.lax.dynamic_update_slice(
+        buf, new[None].astype(buf.dtype), (run, start) + (0,) * (new.ndim - 1)), replays, rows)
 
 
-def embedded_episode(episode, router: Router, lam: float, gamma: float, c_ref: float) -> Batch:
-    """One episode as replay rows (T transitions), embedded with the router's frozen encoder."""
-    texts = episode_state_texts(episode.task.prompt, episode.turns, router.encoder.count_tokens,
-                                router.config.max_state_tokens)
-    states = router.encoder.encode(texts)                                       # (T + 1, D)
-    responses = router.encoder.encode([t.response for t in episode.turns])      # (T, D)
-    return transition_batch(episode_rows(episode, router.pool, lam, gamma, c_ref), states, responses)
+def pad_rows_to(rows: Batch, length: int) -> Batch:
+    """An episode's T rows padded with zero rows to `length` (one write shape for every episode length)."""
+    return jax.tree.map(lambda x: np.concatenate([x, np.zeros((length - len(x), *x.shape[1:]), x.dtype)]), rows)
+
+
+def embedded_episode(episode, encoder: Encoder, max_tokens: int, pool, lam: float, gamma: float,
+                     c_ref: float) -> Batch:
+    """One episode as replay rows (T transitions), embedded with the frozen encoder."""
+    texts = episode_state_texts(episode.task.prompt, episode.turns, encoder.count_tokens, max_tokens)
+    states = encoder.encode(texts)                                       # (T + 1, D)
+    responses = encoder.encode([t.response for t in episode.turns])      # (T, D)
+    return transition_batch(episode_rows(episode, pool, lam, gamma, c_ref), states, responses)
 
 
 # ---------------------------------------------------------------------------------------------------- update
 
 
-def make_online_update(net, tx, config, mesh=None) -> Callable:
-    """jit'ed (state, logged, new, num_new) -> (state, metrics): one TD+CQL step on a half-logged, half-new batch.
+def make_group_update(net, tx, config, mesh=None) -> Callable:
+    """jit'ed (states, logged, values, new, num_new (R,), active (R,)) -> (states, metrics): for every active run
+    one TD+CQL step on a half-logged, half-new batch; inactive runs keep their state.
 
-    With a multi-device `mesh` the batch is split over its devices (state and both replays replicated)."""
-    half = config.optim.batch_size // 2
+    With a multi-device `mesh` each batch is split over its devices (states and replays replicated)."""
+    batch_size = config.optim.batch_size
+    half = batch_size // 2
     step = make_update(net, tx, config, "td")
 
-    @functools.partial(jax.jit, donate_argnums=0)
-    def update(state: TrainState, logged: TrainData, new: Batch, num_new: jax.Array):
-        key = jax.random.fold_in(state.key, state.step)
-        key_logged, key_new = jax.random.split(key)
-        logged_idx = jax.random.randint(key_logged, (config.optim.batch_size - half,), 0, logged.num_transitions)
+    def run_update(state: TrainState, logged: TrainData, values: RunValues, new: Batch, num_new: jax.Array,
+                   active: jax.Array):
+        key_logged, key_new = jax.random.split(jax.random.fold_in(state.key, state.step))
+        logged_idx = jax.random.randint(key_logged, (batch_size - half,), 0, logged.num_transitions)
         new_idx = jax.random.randint(key_new, (half,), 0, num_new)
-        logged_batch = gather_batch(logged, logged_idx)
+        logged_batch = with_run_rewards(gather_batch(logged, logged_idx), values, logged_idx)
         batch = jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh[new_idx]]), logged_batch, new)
         if mesh is not None and mesh.size > 1:
             batch = sharding.shard_batch(batch, mesh)
-        return step(state, batch, logged.cards())
+        stepped, metrics = step(state, batch, logged.cards(), values.weights)
+        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(active, x, y), a, b)
+        return state.replace(params=keep(stepped.params, state.params),
+                             target_params=keep(stepped.target_params, state.target_params),
+                             opt_state=keep(stepped.opt_state, state.opt_state),
+                             step=jnp.where(active, stepped.step, state.step)), metrics
 
-    return update
+    return jax.jit(jax.vmap(run_update, in_axes=(0, None, 0, 0, 0, 0)), donate_argnums=0)
 
 
 # ------------------------------------------------------------------------------------------------- schedule
@@ -99,14 +120,14 @@ def epsilon(episode: int, config) -> float:
     return config.online.epsilon_start + frac * (config.online.epsilon_end - config.online.epsilon_start)
 
 
-class EpsilonGreedy:
-    """The current router, or with probability epsilon a uniformly random available model."""
+class Explorer(GroupMember):
+    """Run `run`'s current router, or with probability epsilon a uniformly random available model."""
 
-    def __init__(self, router: Router, eps: float):
-        self.greedy, self.eps, self.name = RouterPolicy(router), eps, "rivet-online"
+    def __init__(self, group: RouterGroup, run: int, eps: float):
+        super().__init__(group, run, "rivet-online")
+        self.eps = eps
 
-    def act(self, task, history, available, rng):
-        greedy, _ = self.greedy.act(task, history, available, rng)
+    def pick(self, greedy, available, rng):
         model = available[int(rng.integers(len(available)))] if rng.random() < self.eps else greedy
         # The logged propensity: explored uniformly with probability eps, greedy otherwise.
         return model, self.eps / len(available) + (1.0 - self.eps) * (model == greedy)
@@ -135,138 +156,224 @@ class Progress:
     finished: bool = False
 
 
-def _router(params, prepared: PreparedData, config) -> Router:
-    cards = np.asarray(prepared.data.embeddings[prepared.data.card_text])
-    return Router(params, prepared.pool, prepared.encoder, config, cards, c_ref=prepared.c_ref)
+@dataclasses.dataclass
+class OnlineRun:
+    """One run's side of the online stage: its corpus, schedule, counters and checkpoints."""
+
+    config: Any
+    workdir: Path
+    prepared: PreparedData
+    order: list[str]
+    progress: Progress
+    best: checkpointing.StageCheckpoints
+    saved: checkpointing.StageCheckpoints  # the progress checkpoints
+    meta: dict
+
+    def metrics(self, episodes) -> dict:
+        return evaluation.episode_metrics(episodes, self.config.reward.lam, self.config.reward.gamma,
+                                          self.prepared.c_ref, self.config.online.eval_rollouts)
+
+    def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
+        """The state and the filled rows of the new replay (the empty capacity is not written)."""
+        filled = jax.tree.map(lambda x: x[:num_new], replay)
+        self.saved.save(self.progress.trajectories, {"state": saveable(state), "replay": filled},
+                        {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new})
+
+    def best_state(self, template: TrainState) -> TrainState:
+        best, _ = self.best.restore(saveable(template))
+        return from_saveable(best)
+
+    def close(self) -> None:
+        self.best.close()
+        self.saved.close()
 
 
-def _score(env, router: Router, split: str, config, seed: int) -> dict:
-    episodes = evaluation.rollout(env, RouterPolicy(router), split, config.online.eval_rollouts, seed)
-    return evaluation.episode_metrics(episodes, config.reward.lam, config.reward.gamma, router.c_ref,
-                                      config.online.eval_rollouts)
+def _capacity(env, config) -> int:
+    # Room for every trajectory of every pass, plus one padded write past the last row.
+    return (config.online.max_passes * len(env.tasks(config.online.split)) + 1) * env.max_turns
+
+
+def open_run(config, workdir: Path, env, prepared: PreparedData, template: TrainState, net, tx):
+    """(OnlineRun, state, new replay, filled rows): resumed from its progress checkpoint, or started from the
+    finished TD stage of `workdir`."""
+    dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
+    saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
+    best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
+    run = OnlineRun(config, workdir, prepared, task_order(env, config), Progress(), best, saved,
+                    train.checkpoint_meta(config, prepared, STAGE))
+    replay = empty_replay(_capacity(env, config), dim, num_models)
+    if saved.latest_epoch() is not None:
+        saved_meta = saved.restore_meta()
+        checkpointing.check_compatible(saved_meta, prepared.pool, prepared.encoder.fingerprint,
+                                       config.model.to_dict(), source=str(saved.directory))
+        num_new = int(saved_meta["num_new"])
+        restored, _ = saved.restore({"state": saveable(template), "replay": empty_replay(num_new, dim, num_models)})
+        replay = jax.tree.map(lambda buf, rows: buf.at[:num_new].set(jnp.asarray(np.asarray(rows))), replay,
+                              restored["replay"])
+        run.progress = Progress(**saved_meta["progress"])
+        logging.info("Resuming online adaptation of %s after %d trajectories", workdir, run.progress.trajectories)
+        return run, from_saveable(restored["state"]), replay, num_new
+    td = checkpointing.StageCheckpoints(workdir, "td")
+    if td.latest_epoch() is None or td.latest_epoch() < config.td_epochs:
+        raise FileNotFoundError(f"online adaptation starts from a finished 'td' stage; {td.directory} has "
+                                f"{td.latest_epoch() or 0}/{config.td_epochs} epochs: run --config.stage=td first")
+    td_state, _ = td.restore(saveable(template))
+    td.close()
+    state = init_train_state(net, tx, from_saveable(td_state).params, jax.random.fold_in(template.key, 2))
+    return run, state, replay, 0
+
+
+def adapt_together(runs: Sequence[OnlineRun], states: TrainState, replays: Batch, num_new: np.ndarray, env,
+                   on_validation: Callable[[dict], None] | None = None) -> None:
+    """Steps `runs` (same shape signature and trajectory count; states and replays stacked) to their ends."""
+    config, first = runs[0].config, runs[0].prepared
+    net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
+    mesh = sharding.make_mesh(config.devices)
+    sharding.check_divisible(config.optim.batch_size, mesh)
+    logged = first.data
+    if logged.on_host:  # one update per transition reads the logged replay on the device (it is small)
+        logged = jax.tree.map(jnp.asarray, logged)
+    values = run_values([run.config for run in runs], [run.prepared.data.replay for run in runs])
+    if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
+        states, replays, logged, values = sharding.replicate((states, replays, logged, values), mesh)
+    update = make_group_update(net, tx, config, mesh)
+    cards = np.asarray(first.data.embeddings[first.data.card_text])
+    max_turns = env.max_turns
+
+    def routers() -> RouterGroup:
+        return RouterGroup(states.params, first.pool, first.encoder, config, cards)
+
+    def validate(members: list[int]) -> None:
+        group, point = routers(), runs[members[0]].progress.trajectories
+        val = evaluation.rollout_each(env, [GroupMember(group, r) for r in members], config.online.validation_split,
+                                      config.online.eval_rollouts, config.online.eval_seed)
+        test = None
+        if point in config.online.curve_points:
+            test = evaluation.rollout_each(env, [GroupMember(group, r) for r in members], config.online.test_split,
+                                           config.online.eval_rollouts, config.online.eval_seed)
+        for k, r in enumerate(members):
+            run, progress = runs[r], runs[r].progress
+            scores = run.metrics(val[k])
+            record = {"trajectories": point, **{f"val_{key}": v for key, v in scores.items()}}
+            if test is not None:
+                curve = run.metrics(test[k])
+                progress.curve.append({"trajectories": point, **curve})
+                record.update({f"test_{key}": v for key, v in curve.items()})
+            improved = scores["return"] > progress.best_score
+            if improved:
+                progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
+                run.best.save(point, saveable(unstack(states, r)), run.meta)
+            else:
+                progress.since_best += 1
+            progress.validations.append(record)
+            if len(members) == 1:
+                logging.info("online: %d trajectories, validation J %.4f acc %.3f cost %.4f%s", point,
+                             scores["return"], scores["accuracy"], scores["cost"],
+                             " (best)" if improved else f" (no improvement {progress.since_best}x)")
+            if on_validation is not None:
+                on_validation(record)
+        if len(members) > 1:
+            returns = [runs[r].progress.validations[-1]["val_return"] for r in members]
+            logging.info("online: %d trajectories, %d runs in lockstep: validation J %.4f (%.4f-%.4f), %d improved",
+                         point, len(members), np.mean(returns), min(returns), max(returns),
+                         sum(runs[r].progress.since_best == 0 for r in members))
+
+    active = [r for r, run in enumerate(runs) if not run.progress.finished]
+    if active and not runs[active[0]].progress.validations:
+        validate(active)  # the offline router is the first candidate for "best"
+    started = time.perf_counter()
+    while active:
+        k = runs[active[0]].progress.trajectories
+        group, eps = routers(), epsilon(k, config)
+        episodes = run_episodes(env, [runs[r].order[k] for r in active], [Explorer(group, r, eps) for r in active],
+                                [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
+                                [f"online/{k}"] * len(active))
+        lengths = np.zeros(len(runs), np.int32)
+        for r, episode in zip(active, episodes):
+            run = runs[r]
+            rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
+                                    run.config.reward.lam, run.config.reward.gamma, first.c_ref)
+            replays = _write_rows(replays, pad_rows_to(rows, max_turns), jnp.int32(r), jnp.int32(num_new[r]))
+            lengths[r] = len(episode.turns)
+        losses = []
+        for j in range(int(lengths.max())):  # one gradient update per new transition, all runs at once
+            stepping = lengths > j
+            num_new = num_new + stepping
+            states, metrics = update(states, logged, values, replays, jnp.asarray(num_new, jnp.int32),
+                                     jnp.asarray(stepping))
+            losses.append(metrics["loss"])
+        losses = np.where(lengths[None] > np.arange(len(losses))[:, None], np.asarray(losses), 0.0)  # (T, R)
+        for r in active:
+            runs[r].progress.trajectories += 1
+            if not np.all(np.isfinite(losses[:, r])):
+                raise FloatingPointError(f"online adaptation of {runs[r].workdir}: non-finite loss after "
+                                         f"trajectory {k + 1}")
+        if (k + 1) % config.online.validate_every == 0:
+            validate(active)
+        for r in list(active):
+            run, progress = runs[r], runs[r].progress
+            stop = (progress.trajectories % config.online.validate_every == 0
+                    and progress.trajectories >= config.online.early_stop_after
+                    and progress.since_best >= config.online.patience)
+            progress.finished = stop or progress.trajectories >= len(run.order)
+            if progress.trajectories % config.online.validate_every == 0 or progress.finished:
+                run.save_progress(unstack(states, r), unstack(replays, r), int(num_new[r]))
+            if stop:
+                logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
+                             progress.trajectories, progress.best_at)
+            if progress.finished:
+                active.remove(r)
+    logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
+
+
+def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
+                     prepared: Sequence[PreparedData] | None = None,
+                     on_validation: Callable[[dict], None] | None = None) -> list[TrainState]:
+    """Runs (or resumes) online adaptation of every run (configs[i], workdirs[i]) from its finished TD stage, runs
+    of one shape signature and progress in lockstep; returns each run's best state."""
+    if jax.process_count() > 1:
+        raise ValueError("stage 'online' acts in one environment and runs in one process; run it without "
+                         "--multihost, from the offline stages' workdir")
+    workdirs = [Path(w) for w in workdirs]
+    prepared = list(prepared or [prepare_data(c, w, c_ref=train.stored_c_ref(w)) for c, w in zip(configs, workdirs)])
+    opened = []
+    for config, workdir, data in zip(configs, workdirs, prepared):
+        net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
+        template = template_state(config, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
+        opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
+    key = lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)
+    pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
+    for _, members in itertools.groupby(sorted(pending, key=key), key=key):
+        members = list(members)
+        adapt_together([opened[i][1] for i in members], stack([opened[i][2] for i in members]),
+                       stack([opened[i][3] for i in members]), np.array([opened[i][4] for i in members]), env,
+                       on_validation)
+    for _, run, *_ in opened:
+        (run.workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
+                                                      encoding="utf-8")
+    best = [run.best_state(template) for template, run, *_ in opened]
+    for _, run, *_ in opened:
+        run.close()
+    return best
 
 
 def run_online(config, workdir: str | Path, env, prepared: PreparedData | None = None,
                on_validation: Callable[[dict], None] | None = None) -> TrainState:
     """Runs (or resumes) online adaptation from the finished TD stage of `workdir`; returns the best state."""
-    workdir = Path(workdir)
-    if jax.process_count() > 1:
-        raise ValueError("stage 'online' acts in one environment and runs in one process; run it without "
-                         "--multihost, from the offline stages' workdir")
-    prepared = prepared or prepare_data(config, workdir, c_ref=train.stored_c_ref(workdir))
-    if prepared.data.on_host:  # one update per transition reads the logged replay on the device (it is small)
-        prepared = dataclasses.replace(prepared, data=jax.tree.map(jnp.asarray, prepared.data))
-    net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
-    dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
-    template = template_state(config, net, tx, dim, prepared.pool, "td")
-    capacity = config.online.max_passes * len(env.tasks(config.online.split)) * env.max_turns
-    progress_ckpt = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
-    best_ckpt = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
-    meta = train.checkpoint_meta(config, prepared, STAGE)
-    if progress_ckpt.latest_epoch() is not None:
-        like = {"state": saveable(template), "replay": empty_replay(capacity, dim, num_models),
-                "num_new": jnp.zeros((), jnp.int32)}
-        restored, saved_meta = progress_ckpt.restore(like)
-        checkpointing.check_compatible(saved_meta, prepared.pool, prepared.encoder.fingerprint,
-                                       config.model.to_dict(), source=str(progress_ckpt.directory))
-        state = from_saveable(restored["state"])
-        replay = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), restored["replay"])
-        num_new = int(restored["num_new"])
-        progress = Progress(**saved_meta["progress"])
-        logging.info("Resuming online adaptation after %d trajectories", progress.trajectories)
-    else:
-        td = checkpointing.StageCheckpoints(workdir, "td")
-        if td.latest_epoch() is None or td.latest_epoch() < config.td_epochs:
-            raise FileNotFoundError(f"online adaptation starts from a finished 'td' stage; {td.directory} has "
-                                    f"{td.latest_epoch() or 0}/{config.td_epochs} epochs: run --config.stage=td first")
-        td_state, _ = td.restore(saveable(template))
-        state = init_train_state(net, tx, from_saveable(td_state).params, jax.random.fold_in(template.key, 2))
-        replay, num_new, progress = empty_replay(capacity, dim, num_models), 0, Progress()
-    if progress.finished:
-        best, _ = best_ckpt.restore(saveable(template))
-        return from_saveable(best)
-
-    mesh = sharding.make_mesh(config.devices)
-    sharding.check_divisible(config.optim.batch_size, mesh)
-    if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
-        state, replay = sharding.replicate(state, mesh), sharding.replicate(replay, mesh)
-        prepared = dataclasses.replace(prepared, data=sharding.replicate(prepared.data, mesh))
-    update = make_online_update(net, tx, config, mesh)
-    order = task_order(env, config)
-    lam, gamma = config.reward.lam, config.reward.gamma
-
-    def checkpoint_progress():
-        progress_ckpt.save(progress.trajectories, {"state": saveable(state), "replay": replay,
-                                                  "num_new": jnp.asarray(num_new, jnp.int32)},
-                           {**meta, "progress": dataclasses.asdict(progress)})
-
-    def validate():
-        router = _router(state.params, prepared, config)
-        val = _score(env, router, config.online.validation_split, config, config.online.eval_seed)
-        record = {"trajectories": progress.trajectories, **{f"val_{k}": v for k, v in val.items()}}
-        if progress.trajectories in config.online.curve_points:
-            test = _score(env, router, config.online.test_split, config, config.online.eval_seed)
-            progress.curve.append({"trajectories": progress.trajectories, **test})
-            record.update({f"test_{k}": v for k, v in test.items()})
-        improved = val["return"] > progress.best_score
-        if improved:
-            progress.best_score, progress.best_at, progress.since_best = val["return"], progress.trajectories, 0
-            best_ckpt.save(progress.trajectories, saveable(state), meta)
-        else:
-            progress.since_best += 1
-        progress.validations.append(record)
-        logging.info("online: %d trajectories, %d updates, validation J %.4f acc %.3f cost %.4f%s",
-                     progress.trajectories, int(state.step), val["return"], val["accuracy"], val["cost"],
-                     " (best)" if improved else f" (no improvement {progress.since_best}x)")
-        if on_validation is not None:
-            on_validation(record)
-
-    if not progress.validations:
-        validate()  # the offline router is the first candidate for "best"
-    started = time.perf_counter()
-    while progress.trajectories < len(order):
-        router = _router(state.params, prepared, config)
-        policy = EpsilonGreedy(router, epsilon(progress.trajectories, config))
-        rng = np.random.default_rng([config.seed, 104_729, progress.trajectories])
-        episode = run_episode(env, order[progress.trajectories], policy, rng, f"online/{progress.trajectories}")
-        rows = embedded_episode(episode, router, lam, gamma, prepared.c_ref)
-        replay = _write_rows(replay, rows, jnp.asarray(num_new, jnp.int32))
-        for _ in range(len(episode.turns)):  # one gradient update per new transition
-            num_new += 1
-            state, metrics = update(state, prepared.data, replay, jnp.asarray(num_new, jnp.int32))
-        progress.trajectories += 1
-        if not np.isfinite(float(metrics["loss"])):
-            raise FloatingPointError(f"online adaptation: non-finite loss after trajectory {progress.trajectories}")
-        if progress.trajectories % config.online.validate_every == 0:
-            validate()
-            stop = (progress.trajectories >= config.online.early_stop_after
-                    and progress.since_best >= config.online.patience)
-            progress.finished = stop or progress.trajectories >= len(order)
-            checkpoint_progress()
-            if stop:
-                logging.info("online: early stop after %d trajectories (best at %d)", progress.trajectories,
-                             progress.best_at)
-                break
-    progress.finished = True
-    if progress_ckpt.latest_epoch() != progress.trajectories:
-        checkpoint_progress()
-    logging.info("online adaptation: %d trajectories in %.1fs; best validation J %.4f at %d trajectories",
-                 progress.trajectories, time.perf_counter() - started, progress.best_score, progress.best_at)
-    (workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(progress), indent=2) + "\n",
-                                               encoding="utf-8")
-    best, _ = best_ckpt.restore(saveable(template))
-    progress_ckpt.close()
-    best_ckpt.close()
-    return from_saveable(best)
+    return run_online_group([config], [workdir], env, None if prepared is None else [prepared], on_validation)[0]
 
 
 def run_online_stage(config, workdir: str | Path, stage: str, prepared: PreparedData,
                      on_epoch_end: Callable | None = None) -> TrainState:
     """The registered 'online' stage of `train.train`: adaptation in the RouteSim of `config.sim`."""
     del stage, on_epoch_end  # one stage, validated by trajectories rather than epochs
+    return run_online(config, workdir, online_env(config), prepared)
+
+
+def online_env(config):
     if "sim" not in config:
         raise ValueError("online adaptation acts in an environment: use a config with `sim` (configs/routesim.py)")
-    return run_online(config, workdir, make_routesim(config.sim), prepared)
+    return make_routesim(config.sim)
 
 
 train.register_stage(STAGE, run_online_stage)

@@ -138,6 +138,46 @@ class Router:
                              scores={name: float(v) for name, v in zip(self.pool.names, q)})
 
 
+class RouterGroup:
+    """R routers of one network shape (the runs of a run group) scored together: their RVE parameters stacked on a
+    leading run axis (R, ...), every pending state of every run embedded in one encoder pass and scored in one
+    vmapped network call. Member policies (`envs.base.GroupMember`) decide through it jointly."""
+
+    def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
+                 card_embeddings: np.ndarray):
+        self.pool, self.encoder, self.config = pool, encoder, config
+        self._net = make_network(config)
+        self._params = rve_params(params)
+        self.size = int(jax.tree.leaves(self._params)[0].shape[0])
+        card_x, card_mask = card_features(pool)
+        self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
+
+    def scores(self, runs: Sequence[int], states: Sequence[Sequence[tuple[str, Sequence[HistoryTurn]]]],
+               available: Sequence[Sequence[Sequence[str]]]) -> list[np.ndarray]:
+        """Q_route (B_k, M) of run `runs[k]` on its states `states[k]`; unavailable candidates get -inf."""
+        texts = [serialize_state(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+                 for group in states for task, history in group]
+        h = np.asarray(self.encoder.encode(texts), np.float32)                                       # (sum B_k, D)
+        rows = pad_rows(np.zeros(max(len(group) for group in states)))
+        stacked = np.zeros((self.size, len(rows), h.shape[1]), np.float32)                           # (R, B, D)
+        offsets = np.cumsum([0] + [len(group) for group in states])
+        for run, start, stop in zip(runs, offsets[:-1], offsets[1:]):
+            stacked[run, :stop - start] = h[start:stop]
+        q = np.asarray(_q_route_each(self._net, self._params, jnp.asarray(stacked), self._cards))   # (R, B, M)
+        return [np.where(np.stack([availability_mask(self.pool, a) for a in avail]), q[run, :stop - start], -np.inf)
+                for run, start, stop, avail in zip(runs, offsets[:-1], offsets[1:], available)]
+
+    def decide_members(self, members: Sequence[tuple[object, Sequence[tuple]]]) -> list[list[tuple[str, float]]]:
+        """The joint decider of `envs.base.decide_each`: (member policy, its requests) -> its (model, propensity)
+        per request; each member picks from its run's greedy choice (`member.pick`)."""
+        q = self.scores([m.run for m, _ in members],
+                        [[(task.prompt, history) for task, history, _, _ in requests] for _, requests in members],
+                        [[list(available) for _, _, available, _ in requests] for _, requests in members])
+        return [[member.pick(self.pool.names[int(np.argmax(row))], available, rng)
+                 for row, (_, _, available, rng) in zip(q_member, requests)]
+                for (member, requests), q_member in zip(members, q)]
+
+
 def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
     """The parameter tree's shapes and dtypes (nothing computed): the target a checkpoint's params restore into."""
     cards = placeholder_cards(pool, state_dim)
@@ -147,3 +187,9 @@ def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
 @functools.partial(jax.jit, static_argnums=0)
 def _q_route(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
     return net.apply({"params": params}, h, cards, method=RivetNet.q_route)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _q_route_each(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
+    """Q_route of R stacked parameter sets, each on its own states: h (R, B, D) -> (R, B, M)."""
+    return jax.vmap(lambda p, x: net.apply({"params": p}, x, cards, method=RivetNet.q_route))(params, h)

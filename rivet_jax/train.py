@@ -11,6 +11,7 @@ epoch checkpoint ends with exactly the parameters of an uninterrupted one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -19,6 +20,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import logging
 
@@ -130,45 +132,6 @@ def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
             "c_ref": prepared.c_ref, "state_dim": int(prepared.data.embeddings.shape[1])}
 
 
-def _stage_epochs(config, stage: str) -> int:
-    return {"mc": config.mc_epochs, "td": config.td_epochs}[stage]
-
-
-def _template_state(config, net, tx, prepared: PreparedData, stage: str) -> TrainState:
-    return template_state(config, net, tx, int(prepared.data.embeddings.shape[1]), prepared.pool, stage)
-
-
-def _restore(checkpoints: checkpointing.StageCheckpoints, like: TrainState, prepared: PreparedData, config,
-             epoch: int, mesh=None) -> TrainState:
-    """The checkpoint of `epoch`, checked against this run; with a multi-device `mesh`, orbax restores every leaf
-    straight onto the mesh, replicated (whatever device count saved it)."""
-    meta = checkpoints.restore_meta(epoch)
-    checkpointing.check_compatible(meta, prepared.pool, prepared.encoder.fingerprint, config.model.to_dict(),
-                                   source=str(checkpoints.directory))
-    target = saveable(like)
-    placed = mesh is not None and mesh.size > 1
-    if placed:
-        target = checkpointing.abstract_tree(target, sharding.replicated(mesh))
-    restored, _ = checkpoints.restore(target, epoch=epoch)
-    return from_saveable(restored, placed=placed)
-
-
-def _initial_state(config, net: RivetNet, tx, prepared: PreparedData, workdir: Path, stage: str,
-                   mesh=None) -> TrainState:
-    """A new stage: MC from initialisation; TD from the finished MC stage (fresh optimizer, target = online)."""
-    template = _template_state(config, net, tx, prepared, stage)
-    if stage == "mc":
-        return template
-    previous = checkpointing.StageCheckpoints(workdir, "mc")
-    done = previous.latest_epoch()
-    if done is None or done < config.mc_epochs:
-        raise FileNotFoundError(f"stage 'td' starts from a finished 'mc' stage, but {previous.directory} has "
-                                f"{'no checkpoint' if done is None else f'{done}/{config.mc_epochs} epochs'}: "
-                                f"run --config.stage=mc first")
-    mc_state = _restore(previous, _template_state(config, net, tx, prepared, "mc"), prepared, config, done, mesh)
-    return init_train_state(net, tx, mc_state.params, template.key)
-
-
 def stored_c_ref(workdir: str | Path) -> float | None:
     """c_ref fixed by an earlier stage of this workdir, so every stage reads the same rewards."""
     for stage in OFFLINE_STAGES:
@@ -179,10 +142,95 @@ def stored_c_ref(workdir: str | Path) -> float | None:
     return None
 
 
-def _log_epoch(workdir: Path, record: dict) -> None:
-    logging.info("%s epoch %d/%d  step %d  loss %.4f  fit %.4f  cql %.4f  Q %.3f  target %.3f  %.0f steps/s",
-                 record["stage"], record["epoch"], record["epochs"], record["step"], record["loss"], record["fit"],
-                 record["cql"], record["q_taken"], record["target"], record["steps_per_s"])
+@dataclasses.dataclass
+class StageRun:
+    """One run's side of an offline stage: where it resumes from, checkpoints and logs. A solo run (`run_stage`)
+    and every run of a vmapped group (`rivet_jax.run_group`) keep their books through it, so both write the same
+    checkpoints and metrics."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    stage: str
+    prepared: PreparedData
+    checkpoints: checkpointing.StageCheckpoints
+
+    @classmethod
+    def open(cls, config, workdir: str | Path, stage: str, prepared: PreparedData) -> "StageRun":
+        if stage not in OFFLINE_STAGES:
+            raise ValueError(f"unknown stage {stage!r}; known: {OFFLINE_STAGES}")
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return cls(config, workdir, stage, prepared,
+                   checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep))
+
+    @property
+    def epochs(self) -> int:
+        return {"mc": self.config.mc_epochs, "td": self.config.td_epochs}[self.stage]
+
+    def resume_epoch(self) -> int:
+        return self.checkpoints.latest_epoch() or 0
+
+    def start(self, net: RivetNet, tx, mesh=None) -> TrainState:
+        """The state after `resume_epoch()` epochs: restored from this stage's checkpoint, or a new stage's start
+        (MC from initialisation; TD from the finished MC stage, fresh optimizer, target = online)."""
+        resume = self.checkpoints.latest_epoch()
+        if resume is not None:
+            logging.info("Resuming stage %s from %s after epoch %d/%d", self.stage, self.checkpoints.directory,
+                         resume, self.epochs)
+            return self._restore(self.checkpoints, self.stage, resume, net, tx, mesh)
+        template = self._template(net, tx, self.stage)
+        if self.stage == "mc":
+            return template
+        previous = checkpointing.StageCheckpoints(self.workdir, "mc")
+        done = previous.latest_epoch()
+        if done is None or done < self.config.mc_epochs:
+            raise FileNotFoundError(f"stage 'td' starts from a finished 'mc' stage, but {previous.directory} has "
+                                    f"{'no checkpoint' if done is None else f'{done}/{self.config.mc_epochs} epochs'}"
+                                    f": run --config.stage=mc first")
+        mc_state = self._restore(previous, "mc", done, net, tx, mesh)
+        return init_train_state(net, tx, mc_state.params, template.key)
+
+    def _template(self, net: RivetNet, tx, stage: str) -> TrainState:
+        return template_state(self.config, net, tx, int(self.prepared.data.embeddings.shape[1]), self.prepared.pool,
+                              stage)
+
+    def _restore(self, checkpoints, stage: str, epoch: int, net, tx, mesh=None) -> TrainState:
+        """The checkpoint of `epoch`, checked against this run; with a multi-device `mesh`, orbax restores every
+        leaf straight onto the mesh, replicated (whatever device count saved it)."""
+        meta = checkpoints.restore_meta(epoch)
+        checkpointing.check_compatible(meta, self.prepared.pool, self.prepared.encoder.fingerprint,
+                                       self.config.model.to_dict(), source=str(checkpoints.directory))
+        target = saveable(self._template(net, tx, stage))
+        placed = mesh is not None and mesh.size > 1
+        if placed:
+            target = checkpointing.abstract_tree(target, sharding.replicated(mesh))
+        restored, _ = checkpoints.restore(target, epoch=epoch)
+        return from_saveable(restored, placed=placed)
+
+    def end_epoch(self, state: TrainState, metrics: dict, batches: np.ndarray, seconds: float, epoch: int,
+                  log: bool = True) -> dict:
+        """After epoch `epoch` (0-based) of `metrics` (per step, numpy): the NaN check, the checkpoint, the log line
+        and metrics.jsonl record (written after the save: a logged epoch is never lost to a kill)."""
+        first_step = int(state.step) - len(metrics["loss"])
+        _check_finite(metrics, batches, self.prepared, self.stage, first_step)
+        record = {"stage": self.stage, "epoch": epoch + 1, "epochs": self.epochs, "step": int(state.step),
+                  **{k: float(np.mean(v)) for k, v in metrics.items()},
+                  "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
+        if (epoch + 1) % self.config.checkpoint_every_epochs == 0 or epoch + 1 == self.epochs:
+            self.checkpoints.save(epoch + 1, saveable(state), checkpoint_meta(self.config, self.prepared, self.stage))
+        if jax.process_index() == 0:  # one record per epoch, not one per host
+            _log_epoch(self.workdir, record, log)
+        return record
+
+    def close(self) -> None:
+        self.checkpoints.close()
+
+
+def _log_epoch(workdir: Path, record: dict, log: bool = True) -> None:
+    if log:
+        logging.info("%s epoch %d/%d  step %d  loss %.4f  fit %.4f  cql %.4f  Q %.3f  target %.3f  %.0f steps/s",
+                     record["stage"], record["epoch"], record["epochs"], record["step"], record["loss"],
+                     record["fit"], record["cql"], record["q_taken"], record["target"], record["steps_per_s"])
     with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -203,26 +251,13 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
 
     `on_epoch_end(stage, epoch, record)` is called after each epoch's checkpoint and log line (progress hooks).
     """
-    if stage not in OFFLINE_STAGES:
-        raise ValueError(f"unknown stage {stage!r}; known: {OFFLINE_STAGES}")
-    workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
     if prepared is None:
         prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    run = StageRun.open(config, workdir, stage, prepared)
     net, tx = make_network(config), make_optimizer(config)
-    epochs = _stage_epochs(config, stage)
     mesh = sharding.make_mesh(config.devices)
     sharding.check_divisible(config.optim.batch_size, mesh)
-    checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep)
-    resume_epoch = checkpoints.latest_epoch()
-    if resume_epoch is None:
-        state = _initial_state(config, net, tx, prepared, workdir, stage, mesh)
-    else:
-        state = _restore(checkpoints, _template_state(config, net, tx, prepared, stage), prepared, config,
-                         resume_epoch, mesh)
-        logging.info("Resuming stage %s from %s after epoch %d/%d", stage, checkpoints.directory, resume_epoch,
-                     epochs)
-    meta = checkpoint_meta(config, prepared, stage)
+    state = run.start(net, tx, mesh)
     data = prepared.data
     if data.on_host:  # batches gathered on each host and fed to the mesh (see make_host_fed_epoch)
         train_epoch = make_host_fed_epoch(net, tx, config, stage, mesh)
@@ -232,43 +267,44 @@ def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | 
             data = sharding.replicate(data, mesh)
     if mesh.size > 1:
         state = sharding.replicate(state, mesh)
-    for epoch in range(resume_epoch or 0, epochs):
-        first_step = int(state.step)
+    for epoch in range(run.resume_epoch(), run.epochs):
         started = time.perf_counter()
         state, metrics, batches = train_epoch(state, data, jnp.asarray(epoch, jnp.int32))
         metrics = jax.device_get(metrics)
-        seconds = time.perf_counter() - started
-        _check_finite(metrics, batches, prepared, stage, first_step)
-        record = {"stage": stage, "epoch": epoch + 1, "epochs": epochs, "step": int(state.step),
-                  **{k: float(np.mean(v)) for k, v in metrics.items()},
-                  "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
-        if (epoch + 1) % config.checkpoint_every_epochs == 0 or epoch + 1 == epochs:
-            checkpoints.save(epoch + 1, saveable(state), meta)
-        if jax.process_index() == 0:  # one log line and one metrics record per epoch, not one per host
-            _log_epoch(workdir, record)  # after the save: a logged epoch is never lost to a kill
+        record = run.end_epoch(state, metrics, batches, time.perf_counter() - started, epoch)
         if on_epoch_end is not None:
             on_epoch_end(stage, epoch + 1, record)
-    checkpoints.close()
+    run.close()
     return state
 
 
-def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
-    """The launcher's entry point: `config.stage` is 'mc', 'td', 'online', 'offline' (mc then td) or 'all'.
-
-    'online' needs an environment to act in (the RouteSim of `config.sim`, configs/routesim.py) and is run by
-    `rivet_jax.online`, which registers it here when imported.
-    """
+def stages_of(config) -> tuple[str, ...]:
+    """The stages `config.stage` names, in training order: 'mc', 'td', 'online', 'offline' (mc, td) or 'all'."""
     stages = {"offline": OFFLINE_STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
     if any(s not in ROUTER_STAGES for s in stages):
         raise ValueError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
-    unregistered = [s for s in stages if s not in _RUNNERS]
-    if unregistered:
-        raise ValueError(f"stage {unregistered[0]!r} is not registered: `import rivet_jax.online` registers it")
+    return stages
+
+
+def stage_runner(stage: str) -> StageRunner:
+    if stage not in _RUNNERS:
+        raise ValueError(f"stage {stage!r} is not registered: `import rivet_jax.online` registers it")
+    return _RUNNERS[stage]
+
+
+def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
+    """The launcher's entry point: trains the stages of `config.stage` (see `stages_of`) in `workdir`.
+
+    'online' needs an environment to act in (the RouteSim of `config.sim`, configs/routesim.py) and is run by
+    `rivet_jax.online`, which registers it here when imported. Many same-shaped runs train faster together:
+    `rivet_jax.run_group.train_group`.
+    """
+    runners = [(stage, stage_runner(stage)) for stage in stages_of(config)]
     workdir = Path(workdir)
     prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     state = None
-    for stage in stages:
-        state = _RUNNERS[stage](config, workdir, stage, prepared, on_epoch_end)
+    for stage, runner in runners:
+        state = runner(config, workdir, stage, prepared, on_epoch_end)
     return state
 
 

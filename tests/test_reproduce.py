@@ -10,20 +10,30 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
+PLOTTED = ("table2", "lambda_sweep", "online_curve", "unavailability", "interventions", "scatter", "post_error",
+           "stage_preferences")  # every section but Table 1, whose figure is the scatter
 BASELINES = {"MTRouter", "Weighted kNN", "Avengers-Pro", "EmbedLLM", "RouterDC"}
 FIXED = {"fixed:apex-flash", "fixed:apex-pro", "fixed:llama-70b", "fixed:mini-4o", "fixed:quill-9b",
          "fixed:quill-plus"}
 
 
-@pytest.mark.slow
-def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
-    workdir = tmp_path / "rep"
+@pytest.fixture(scope="module")
+def reproduction(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The tiny reproduction, run once for every test of this module."""
+    workdir = tmp_path_factory.mktemp("reproduce") / "rep"
     result = subprocess.run([sys.executable, "-m", "launch.reproduce", "--config=configs/routesim.py:tiny",
                              f"--workdir={workdir}"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "[phase 7/7]" in result.stderr  # progress is shown per phase
+    return workdir, result
+
+
+@pytest.mark.slow
+def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
+    workdir, result = reproduction
+    assert re.search(r"\[phase (\d+)/\1\]", result.stderr)  # progress is shown per phase, up to the last
     # ... and per unit of the long phases, counted exactly: the last line of each says n/n, never more.
-    for what in ("training runs", r"evaluation \(rollout sets\)"):
+    for what in (r"offline training \(run-epochs\)", r"evaluation \(rollout sets\)"):
         counts = re.findall(what + r": (\d+)/(\d+) done", result.stderr)
         assert counts and counts[-1][0] == counts[-1][1], (what, counts)
         assert all(int(done) <= int(total) for done, total in counts)
@@ -45,7 +55,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
     sweep = experiments["lambda_sweep"]["rows"]
     assert sorted({r["lambda"] for r in sweep}) == [0.0, 0.05, 0.5]
     assert {r["router"] for r in sweep} == {"oracle", "RIVET (ours)"}
-    assert [r["trajectories"] for r in experiments["online_curve"]["rows"]] == [4, 8]
+    assert [r["trajectories"] for r in experiments["online_curve"]["rows"]] == [0, 4, 8]  # 0: the offline router
     unavailable = experiments["unavailability"]["rows"]
     assert {r["pool"] for r in unavailable} == {"w/o apex-pro", "w/o quill-9b"}
     for pool in ("w/o apex-pro", "w/o quill-9b"):
@@ -75,7 +85,68 @@ def test_tiny_reproduction_has_every_experiment_and_router(tmp_path):
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5"):
         assert title in report
-    for plot in ("lambda_sweep", "online_curve", "scatter", "stage_preferences"):
+    for plot in PLOTTED:
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000
         assert f"results/{plot}.png" in report
     assert (workdir / "results" / "table1.csv").read_text().startswith("accuracy,")
+
+
+def _section(report: str, start: str) -> str:
+    begin = report.index(f"## {start}")
+    end = report.find("\n## ", begin + 1)
+    return report[begin:end if end >= 0 else None]
+
+
+def _first_cells(text: str) -> list[list[str]]:
+    """The first column of each markdown table in `text`, header and separator left out."""
+    tables, current = [], None
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            current = [] if current is None else current + [line.strip("|").split("|")[0].strip()]
+        elif current is not None:
+            tables.append(current[1:])  # drop the separator row
+            current = None
+    return tables
+
+
+@pytest.mark.slow
+def test_tiny_report_reads_table1_per_split_each_section_with_its_figure(reproduction):
+    workdir, _ = reproduction
+    experiments = json.loads((workdir / "results.json").read_text())["experiments"]
+    report = (workdir / "report.md").read_text()
+    table1 = _section(report, "Table 1")
+    assert [table1.index(f"**{s}**") for s in SPLITS] == sorted(table1.index(f"**{s}**") for s in SPLITS)
+    assert _first_cells(table1) == [[r["router"] for r in experiments["table1"]["rows"] if r["split"] == s]
+                                    for s in SPLITS]
+    sections = report.split("\n## ")[1:]
+    assert len(sections) == len(experiments)
+    assert sections[1].startswith("Accuracy-cost scatter")  # Table 1's figure, right below it
+    assert all("![" in body for body in sections[1:])  # every other section opens with its figure
+    # the scatter has every Table 1 split (RIVET with its spread over seeds) and the frontier on test only
+    scatter = experiments["scatter"]["rows"]
+    assert {r["split"] for r in scatter} == set(SPLITS)
+    assert {r["split"] for r in scatter if r["router"] == "oracle frontier"} == {"test"}
+    assert all("accuracy_sd" in r for r in scatter if r["router"].startswith("RIVET"))
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(a[k] == pytest.approx(b[k]) for k in ("accuracy", "cost_usd", "regret", "accuracy_sd", "cost_usd_sd"))
+
+
+@pytest.mark.slow
+def test_tiny_report_explains_numbers_that_repeat_or_differ(reproduction):
+    """The notes' claims hold on the numbers: Table 2's RIVET (ours) and Figure 3's point at the configured lambda
+    are Table 1 rows (tiny sweeps the offline stage); Table 5's cost is relative to RIVET Online in each pool."""
+    workdir, _ = reproduction
+    experiments = json.loads((workdir / "results.json").read_text())["experiments"]
+    rows = {name: e["rows"] for name, e in experiments.items()}
+    test = {r["router"]: r for r in rows["table1"] if r["split"] == "test"}
+    assert _same(next(r for r in rows["table2"] if r["router"] == "RIVET (ours)"), test["RIVET Online"])
+    assert _same(next(r for r in rows["lambda_sweep"] if r["router"] == "RIVET (ours)" and r["lambda"] == 0.05),
+                 test["RIVET Offline"])
+    assert all(r["cost_rel"] == pytest.approx(1.0) for r in rows["unavailability"] if r["router"] == "RIVET Online")
+    report = (workdir / "report.md").read_text()
+    curve = _section(report, "Figure 4")
+    assert "with seed 0" in curve and "best-validation checkpoint" in curve and "with seed 1" in curve
+    assert "Table 1's RIVET Offline on test" in _section(report, "Figure 3")
+    assert "Table 1's RIVET Online on test" in _section(report, "Table 2")

@@ -90,13 +90,14 @@ ONLINE_SCRIPT = textwrap.dedent("""
     for devices in (8, 1):
         mesh = sharding.make_mesh(devices)
         start = learner.template_state(config, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
-        data, buffer = prepared.data, new
+        states, buffers = learner.stack([start]), learner.stack([new])  # a run group of one
+        data, values = prepared.data, learner.run_values([config], [prepared.data.replay])
         if devices > 1:
-            start, data, buffer = (sharding.replicate(x, mesh) for x in (start, data, buffer))
-        update = online.make_online_update(net, tx, config, mesh)
+            states, data, buffers, values = (sharding.replicate(x, mesh) for x in (states, data, buffers, values))
+        update = online.make_group_update(net, tx, config, mesh)
         for _ in range(3):
-            start, _ = update(start, data, buffer, jnp.int32(40))
-        params[devices] = jax.tree.leaves(start.params)
+            states, _ = update(states, data, values, buffers, jnp.array([40], jnp.int32), jnp.array([True]))
+        params[devices] = jax.tree.leaves(states.params)
     worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(params[8], params[1]))
     print("online max abs difference", worst)
     assert worst < 1e-5, worst

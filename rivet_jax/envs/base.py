@@ -92,26 +92,64 @@ class RouterPolicy:
         return [(self.router.pool.names[int(np.argmax(row))], 1.0) for row in q]
 
 
+class GroupMember:
+    """Run `run` of a `router.RouterGroup` as a policy, greedy on its Q_route. Its decisions are taken together
+    with the other members' of the same group (`decide_each` calls `joint.decide_members` once per round)."""
+
+    def __init__(self, group, run: int, name: str = "rivet"):
+        self.joint, self.run, self.name = group, run, name
+
+    def act(self, task, history, available, rng):
+        return self.joint.decide_members([(self, [(task, history, available, rng)])])[0][0]
+
+    def pick(self, greedy: str, available: Sequence[str], rng: np.random.Generator) -> tuple[str, float]:
+        """The decision given the run's greedy choice (subclasses explore here, drawing from `rng`)."""
+        return greedy, 1.0
+
+
 def run_episode(env: Env, task_id: str, policy: Policy, rng: np.random.Generator, episode_id: str,
                 available: Sequence[str] | None = None) -> Episode:
     """One episode of `policy` on `task_id`; `available` restricts the candidates (default: the whole pool)."""
     return run_episodes(env, [task_id], policy, [rng], [episode_id], available)[0]
 
 
-def run_episodes(env: Env, task_ids: Sequence[str], policy: Policy, rngs: Sequence[np.random.Generator],
-                 episode_ids: Sequence[str], available: Sequence[str] | None = None) -> list[Episode]:
-    """Episodes of `policy` stepped together, episode k on `task_ids[k]` with its own `rngs[k]`.
+def decide_each(policies: Sequence[Policy], requests: Sequence[Request]) -> list[tuple[str, float | None]]:
+    """Request k decided by `policies[k]`: each policy's requests in one `decide` call, and the member policies of
+    one joint decider (`policy.joint`, e.g. the runs of a `router.RouterGroup`) in one `joint.decide_members` call."""
+    choices: list = [None] * len(requests)
+    owners: dict[int, tuple[object, dict[int, tuple[Policy, list[int]]]]] = {}
+    for k, policy in enumerate(policies):
+        owner = getattr(policy, "joint", policy)
+        owners.setdefault(id(owner), (owner, {}))[1].setdefault(id(policy), (policy, []))[1].append(k)
+    for owner, members in owners.values():
+        if hasattr(owner, "decide_members"):
+            decided = owner.decide_members([(policy, [requests[k] for k in ks]) for policy, ks in members.values()])
+        else:
+            decided = [decide(policy, [requests[k] for k in ks]) for policy, ks in members.values()]
+        for (_, ks), member_choices in zip(members.values(), decided):
+            for k, choice in zip(ks, member_choices):
+                choices[k] = choice
+    return choices
 
-    Every round, the pending decisions of all live episodes go to the policy at once (`decide`), then each live
-    episode takes its turn. Each episode draws from its own generator in the order a lone episode would (the
+
+def run_episodes(env: Env, task_ids: Sequence[str], policy: Policy | Sequence[Policy],
+                 rngs: Sequence[np.random.Generator], episode_ids: Sequence[str],
+                 available: Sequence[str] | None = None) -> list[Episode]:
+    """Episodes stepped together, episode k on `task_ids[k]` with its own `rngs[k]`, of `policy` or (a sequence)
+    of `policy[k]`.
+
+    Every round, the pending decisions of all live episodes go to the policies at once (`decide_each`), then each
+    live episode takes its turn. Each episode draws from its own generator in the order a lone episode would (the
     policy's draw, then the environment's), so the episodes equal one-at-a-time rollouts with the same generators.
     """
+    policies = list(policy) if isinstance(policy, (list, tuple)) else [policy] * len(task_ids)
     restricted = available is not None and tuple(available) != env.pool.names
     available = tuple(available or env.pool.names)
     states = [env.reset(task_id) for task_id in task_ids]
     live = [k for k, state in enumerate(states) if not state.done]
     while live:
-        choices = decide(policy, [(states[k].task, states[k].history, available, rngs[k]) for k in live])
+        choices = decide_each([policies[k] for k in live],
+                              [(states[k].task, states[k].history, available, rngs[k]) for k in live])
         for k, (model, propensity) in zip(live, choices):
             states[k] = env.step(states[k], model, rngs[k], propensity=propensity,
                                  available=available if restricted else None)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 from absl import logging
 
-from rivet_jax import train
+from rivet_jax import checkpointing, run_group, train
 
 MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
 
@@ -72,14 +72,35 @@ def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, 
     Each finished run is one unit of `progress`."""
     dirs = []
     for seed in seeds:
-        run_dir = workdir / "runs" / slug(variant) / f"seed_{seed}"
+        directory = run_dir(workdir, variant, seed)
         started = time.perf_counter()
-        train.train(run_config(config, episodes, cards, workdir, seed, overrides, stage), run_dir)
+        train.train(run_config(config, episodes, cards, workdir, seed, overrides, stage), directory)
         log(f"trained {variant} seed {seed} ({stage}) in {time.perf_counter() - started:.1f}s")
-        dirs.append(run_dir)
+        dirs.append(directory)
         if progress is not None:
             progress.step()
     return dirs
+
+
+def run_dir(workdir: Path, variant: str, seed: int) -> Path:
+    return workdir / "runs" / slug(variant) / f"seed_{seed}"
+
+
+def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path,
+                   variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int]) -> dict[str, list[Path]]:
+    """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed, into
+    <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/run_group.py: the offline stages of all runs step
+    together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs."""
+    runs = [(name, seed) for name in variants for seed in seeds]
+    configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
+    dirs = [run_dir(workdir, name, seed) for name, seed in runs]
+    stages = [train.stages_of(c) for c in configs]
+    epochs = {"mc": config.mc_epochs, "td": config.td_epochs}
+    offline = Progress("offline training (run-epochs)", sum(epochs[s] for ss in stages for s in ss if s in epochs))
+    offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs[s])
+                       for d, ss in zip(dirs, stages) for s in ss if s in epochs and checkpointing.stage_dir(d, s).is_dir())
+    run_group.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
+    return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
 
 
 def check_same_config(path: Path, section: dict) -> None:

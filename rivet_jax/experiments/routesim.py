@@ -3,13 +3,14 @@
 Phases, each resumable inside one workdir:
   1. collect the logged corpus                                  <workdir>/corpus/
   2. train RIVET (MC -> TD -> online) for every seed             <workdir>/runs/rivet/seed_<s>/
-  3. train the ablations (w/o CQL, w/o RIVE, w/o response)       <workdir>/runs/<ablation>/seed_<s>/
-  4. train RIVET at every other lambda of the sweep              <workdir>/runs/lambda_<lam>/seed_<s>/
-  5. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
-  6. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
+     and its ablations (w/o CQL, w/o RIVE, w/o response)         <workdir>/runs/<ablation>/seed_<s>/
+     and at every other lambda of the sweep                      <workdir>/runs/lambda_<lam>/seed_<s>/
+     as one run group: the offline stages of every run step together under vmap (rivet_jax/run_group.py)
+  3. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
+  4. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
      (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter,
      Tables 6-7 (routing after execution errors) and Table 8 / Figure 5 (model selection per turn stage)
-  7. write <workdir>/report.md (tables, embedded plots), results.json, results/<experiment>.{csv,json,png}
+  5. write <workdir>/report.md (tables, embedded plots), results.json, results/<experiment>.{csv,json,png}
 
 RIVET numbers are the mean and standard deviation over `config.reproduce.seeds`; fixed models, the random router
 and the oracle are exact (RouteSim's DP); learned routers are rolled out (`config.evaluate.rollouts_per_task`
@@ -39,7 +40,7 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import report, traces
-from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_seeds, with_overrides
+from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_variants, with_overrides
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -244,12 +245,13 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
 
 
 def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
-    """Every router's (cost, accuracy) on the test manifest, and the oracle's frontier over lambda."""
+    """Every router's (cost, accuracy) on each Table 1 split, RIVET's with its spread over seeds, and the oracle's
+    frontier over lambda on the test manifest only (an exact DP per lambda: the expensive part)."""
     split = ev.config.evaluate.split
-    points = [{k: r[k] for k in ("router", "split", "accuracy", "cost_usd")} for r in table1_rows
-              if r["split"] == split]
-    frontier = [{"router": "oracle frontier", "split": split, "lambda": lam,
-                 "accuracy": ev.exact(split, lam)["oracle"]["accuracy"], "cost_usd": ev.exact(split, lam)["oracle"]["cost"]}
+    keys = ("router", "split", "accuracy", "cost_usd", "accuracy_sd", "cost_usd_sd")
+    points = [{k: r[k] for k in keys if k in r} for r in table1_rows]
+    frontier = [{"router": report.FRONTIER, "split": split, "lambda": lam,
+                 **{k: ev.exact(split, lam)["oracle"][m] for k, m in (("accuracy", "accuracy"), ("cost_usd", "cost"))}}
                 for lam in ev.config.reproduce.frontier_lambdas]
     return points + frontier
 
@@ -260,28 +262,102 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 _MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3),
                  ("turns", "turns", 2), ("switch_rate", "switch rate", 2)]
+
+
+def _split_caption(split: str, rows: list[dict]) -> str:
+    """Table 1's line above a split's table: in distribution or OOD, and the fixed model its cost is relative to."""
+    reference = next((r["router"] for r in rows if r["router"].startswith("fixed:") and abs(r["cost_rel"] - 1) < 1e-9),
+                     "its most accurate fixed model")
+    return (f"**{split}** ({'OOD' if split.startswith('ood') else 'in distribution'}; cost rel. to {reference}, the "
+            f"split's most accurate fixed model)")
+
+
+def _frontier_table(rows: list[dict]) -> str:
+    """The scatter's table: the oracle frontier only (its other points are Table 1's rows, tabled there)."""
+    return report.markdown_table([r for r in rows if r["router"] == report.FRONTIER],
+                                 [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
+                                  ("cost_usd", "cost ($)", 3)])
+
+
 TABLES = {
-    "table1": ("Table 1: every router, in distribution and OOD (cost relative to the most accurate fixed model)",
-               _MAIN_COLUMNS),
+    "table1": ("Table 1: every router, in distribution and OOD (one table per split)",
+               report.grouped_tables("split", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:], _split_caption)),
+    "scatter": ("Accuracy-cost scatter: Table 1 per split, with the oracle frontier on test", _frontier_table),
     "table2": ("Table 2: ablations on the test manifest (cost relative to RIVET (ours), online stage)",
                [("router", "configuration", -1), ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3),
                 ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3)]),
     "lambda_sweep": ("Figure 3: cost-coefficient sweep", [("lambda", "lambda", -1)] + _MAIN_COLUMNS[:1]
                      + _MAIN_COLUMNS[2:6]),
     "online_curve": ("Figure 4: online adaptation (test manifest)",
-                     [("trajectories", "online trajectories", -1), ("accuracy", "accuracy", 3),
+                     [("trajectories", "online trajectories", -1), ("seeds", "seeds", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3)]),
     "unavailability": ("Table 5: candidate-model unavailability at test time (cost relative to RIVET Online)",
-                       [("pool", "pool", -1)] + _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:6]),
+                       report.grouped_tables("pool", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:6],
+                                             lambda pool, _: f"**{pool}** (cost rel. to RIVET Online in this pool)")),
     "interventions": ("Table 3: stay / switch interventions (cost relative to Original within each group)",
                       [("group", "episodes where RIVET", -1), ("router", "policy", -1), ("episodes", "episodes", -1),
                        ("successes", "successes", -1), ("accuracy", "accuracy", 3), ("cost_rel", "cost rel.", 3)]),
-    "scatter": ("Accuracy-cost scatter (test manifest) with the oracle frontier",
-                [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
-                 ("cost_usd", "cost ($)", 3)]),
 }
-PLOTS = {"lambda_sweep": report.plot_lambda_sweep, "online_curve": report.plot_online_curve,
-         "scatter": report.plot_scatter, "stage_preferences": report.plot_stage_preferences}
+PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep,
+         "online_curve": report.plot_online_curve, "unavailability": report.plot_unavailability,
+         "interventions": report.plot_interventions, "scatter": report.plot_scatter,
+         "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences}
+REPORT_ORDER = ("table1", "scatter", "table2", "lambda_sweep", "online_curve", "unavailability", "interventions",
+                "post_error", "stage_preferences")  # each table's figure next to it: the scatter is Table 1's
+
+
+def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test_tasks: int) -> dict[str, str]:
+    """The text under each section whose numbers can look inconsistent with another's: what each is measured on.
+    Every claim follows from the function computing the rows; `best_at`: each seed's best-validation trajectory."""
+    ev, on, rp, lam = config.evaluate, config.online, config.reproduce, config.reward.lam
+    seeds, rollouts = len(rp.seeds), f"{ev.rollouts_per_task} time(s) per task with seed {ev.seed}"
+    sweep = "Online" if rp.sweep_stage == "all" else "Offline"
+    if on.eval_seed == ev.seed and on.eval_rollouts == ev.rollouts_per_task:
+        streams = "The random streams are Table 1's: a seed's point at its best checkpoint's k is its Table 1 row."
+    else:
+        streams = (f"Other seeds draw other episodes, and with {test_tasks} test tasks one episode moves a seed's "
+                   f"accuracy by {1 / (test_tasks * on.eval_rollouts):.3f}: the curve need not match Table 1's RIVET "
+                   f"Online even at the best checkpoint's k, nor its k = 0 point Table 1's RIVET Offline (the same "
+                   f"router).")
+    return {
+        "table1": (f"Learned routers are rolled out {rollouts} (the same random streams for every router); RIVET "
+                   f"Offline is each run's TD checkpoint, RIVET Online its best-validation online checkpoint. `cost "
+                   f"rel.` is relative to each split's own most accurate fixed model (named above its table): compare "
+                   f"it within a table, not across splits. The scatter below is this table's figure."),
+        "scatter": (f"The points are Table 1's rows, the same numbers; error bars: ± one standard deviation over "
+                    f"seeds (RIVET only: each baseline is one fitted router; oracle, fixed models and random are "
+                    f"exact). The frontier (test only) is the exact oracle at lambda in {list(rp.frontier_lambdas)}; "
+                    f"its lambda = {lam} point is Table 1's test oracle."),
+        "table2": ("`RIVET (ours)` is Table 1's RIVET Online on test: the same checkpoints rolled out with the same "
+                   "seeds, hence the same accuracy, cost and regret; only `cost rel.` differs (relative to it here)."),
+        "lambda_sweep": (f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
+                         f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', the "
+                         f"same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative to "
+                         f"the test split's most accurate fixed model, as in Table 1."),
+        "online_curve": (f"Each point is the router while it adapts, after k online trajectories (k = 0: the offline "
+                         f"TD router, before any update), rolled out on '{on.test_split}' {on.eval_rollouts} time(s) "
+                         f"per task with seed {on.eval_seed}; mean ± sd over the seeds whose run reached k (`seeds`: "
+                         f"a run that stops early has no later points). Table 1's RIVET Online is another "
+                         f"measurement: each run's best-validation checkpoint (validated on '{on.validation_split}' "
+                         f"every {on.validate_every} trajectories; here after {list(best_at)} trajectories for seeds "
+                         f"{list(rp.seeds)}, not necessarily a curve point), rolled out {rollouts}. {streams}"),
+        "unavailability": ("`cost rel.` is relative to RIVET Online's mean cost in the same pool (1.000 in each), "
+                           "not to a fixed model as in Table 1. Learned routers are rolled out with Table 1's seeds, "
+                           "so one that never called the removed model repeats its Table 1 test row; the oracle, "
+                           "fixed models and random are exact in the reduced pool."),
+        "interventions": (f"Original is RIVET Online's Table 1 test episodes (the same checkpoints and seeds), pooled "
+                          f"over the {seeds} seeds and split by what RIVET did: `switched` = it called more than one "
+                          f"model, `kept` = one model over more than one turn; one-turn episodes are in neither group. "
+                          f"Stay / Switch replay each such task with its seed. Accuracy is over the pooled episodes; "
+                          f"`cost rel.` is relative to Original in the same group."),
+        "post_error": (f"Computed on the episodes Table 1 rolled out for each learned router, test and OOD splits "
+                       f"pooled; RIVET's rows pool its {seeds} seeds (hence about {seeds}x a baseline's turns). The "
+                       f"oracle, fixed models and random are exact expectations, with no traces. nan / n/a: nothing "
+                       f"to measure (no switch after an error; `vs MTRouter` wherever MTRouter never switched after "
+                       f"one)."),
+        "stage_preferences": ("The same pooled traces as Table 7; each model in the colour of its fixed-model router "
+                              "in the other figures."),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -303,7 +379,7 @@ def fit_baselines(config, episodes, pool, store: EmbeddingStore, lam: float, c_r
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
     started = time.perf_counter()
-    phases = 7
+    phases = 5
 
     def log(message: str, phase: int | None = None) -> None:
         prefix = f"[phase {phase}/{phases}] " if phase else "  "
@@ -315,28 +391,22 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     episodes_path, cards_path = corpus_files(corpus)
 
     other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
-    training = Progress("training runs", len(rp.seeds) * (1 + len(ABLATIONS) + len(other_lambdas)))
-
-    def train_runs(variant: str, overrides: dict, stage: str) -> list[Path]:
-        return train_seeds(config, episodes_path, cards_path, workdir, variant, overrides, stage, rp.seeds, log,
-                           training)
-
-    log("train RIVET (MC -> TD -> online) for every seed", 2)
-    main_dirs = train_runs("rivet", {}, "all")
-    log("train the ablations", 3)
-    ablation_dirs = {name: train_runs(name, overrides, "all") for name, overrides in ABLATIONS.items()}
-    log("train RIVET at the other lambdas of the sweep", 4)
-    sweep_dirs = {float(lam): main_dirs}
-    for sweep_lam in other_lambdas:
-        sweep_dirs[sweep_lam] = train_runs(f"lambda_{sweep_lam}", {"reward.lam": sweep_lam}, rp.sweep_stage)
-    log("fit the baselines", 5)
+    variants = {"rivet": ({}, "all"), **{name: (overrides, "all") for name, overrides in ABLATIONS.items()},
+                **{f"lambda_{x}": ({"reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
+    log(f"train RIVET, its ablations and the lambda sweep: {len(variants)} variants x {len(rp.seeds)} seeds, the "
+        f"offline stages of all runs together (vmapped), then each online stage", 2)
+    dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
+    main_dirs = dirs["rivet"]
+    ablation_dirs = {name: dirs[name] for name in ABLATIONS}
+    sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
+    log("fit the baselines", 3)
     sim = make_routesim(config.sim)
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
 
-    log("evaluate", 6)
+    log("evaluate", 4)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
     rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(ABLATIONS)) * seeds + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
@@ -363,7 +433,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
 
-    log("write the report", 7)
+    log("write the report", 5)
     meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
             "rollouts_per_task": config.evaluate.rollouts_per_task,
             "summary": (f"RouteSim (`configs/routesim.py`), hashing encoder, lambda = {lam}, c_ref = {c_ref:.6f} "
@@ -375,6 +445,12 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     traced = "every learned router's Table 1 traces, test and OOD pooled"
     tables = {**TABLES, "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
               "stage_preferences": report.stage_section(traced, sim.pool.names)}
-    report.write_outputs(workdir, experiments, meta, "RIVET on RouteSim: the paper's experiments", tables, PLOTS)
+    colours = report.router_colours([r["router"] for rows in experiments.values() for r in rows]
+                                    + [f"fixed:{m}" for m in sim.pool.names])
+    notes = report_notes(config, [online.read_progress(d)["best_at"] for d in main_dirs],
+                         len(sim.tasks(config.evaluate.split)))
+    plots = report.with_colours(PLOTS, colours)
+    report.write_outputs(workdir, {name: experiments[name] for name in REPORT_ORDER}, meta,
+                         "RIVET on RouteSim: the paper's experiments", tables, plots, notes)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}

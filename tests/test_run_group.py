@@ -1,0 +1,82 @@
+"""Many runs as one vmapped program (rivet_jax/run_group.py): each run ends where its solo run ends, through the
+offline stages (vmapped epochs) and the online stage (lockstep rollouts and vmapped updates)."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from configs import routesim as routesim_config
+from rivet_jax import checkpointing, corpus, learner, online, run_group, train
+from rivet_jax.experiments import routesim
+from rivet_jax.experiments.common import with_overrides
+from rivet_jax.networks import make_network
+
+
+# Every kind of value a group varies: the seed, both loss weights, the response ablation and lambda.
+VARIANTS = [{"seed": 0}, {"seed": 1, "loss.alpha": 0.0}, {"seed": 2, "loss.beta": 0.5, "loss.zero_response": True},
+            {"seed": 0, "reward.lam": 0.5}]
+
+
+def saved_params(config, workdir, stage):
+    """Every parameter (RVE and RIVE) of `stage`'s last checkpoint in `workdir`."""
+    prepared = corpus.prepare_data(config, workdir)
+    like = learner.template_state(config, make_network(config), learner.make_optimizer(config),
+                                  int(prepared.data.embeddings.shape[1]), prepared.pool, stage).params
+    params, _ = checkpointing.StageCheckpoints(workdir, stage).restore_params(like)
+    return params
+
+
+def records(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def group_and_solo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("group")
+    base = routesim_config.get_config("tiny")
+    base = routesim.training_config(base, routesim.collect(base, root))
+    configs = [with_overrides(base, {"stage": "all", "data.embedding_cache": str(root / "embeddings"), **v})
+               for v in VARIANTS]
+    compiled = []
+    original = run_group.make_group_epoch
+
+    def counting(net, tx, config, stage):
+        compiled.append(stage)
+        return original(net, tx, config, stage)
+
+    run_group.make_group_epoch = counting
+    try:
+        run_group.train_group(configs, [root / "group" / str(i) for i in range(len(configs))])
+    finally:
+        run_group.make_group_epoch = original
+    for i, config in enumerate(configs):
+        train.train(config, root / "solo" / str(i))
+    return root, configs, compiled
+
+
+def test_all_runs_step_as_one_program_per_offline_stage(group_and_solo):
+    _, _, compiled = group_and_solo
+    assert compiled == ["mc", "td"]
+
+
+@pytest.mark.parametrize("i", range(len(VARIANTS)))
+def test_group_run_equals_its_solo_run(group_and_solo, i):
+    root, configs, _ = group_and_solo
+    for stage in ("mc", "td", "online"):
+        together = saved_params(configs[i], root / "group" / str(i), stage)
+        alone = saved_params(configs[i], root / "solo" / str(i), stage)
+        for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(together),
+                                     jax.tree_util.tree_leaves_with_path(alone)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"run {i} stage {stage} {jax.tree_util.keystr(path)}")
+    got, want = records(root / "group" / str(i)), records(root / "solo" / str(i))
+    assert [(r["stage"], r["epoch"], r["step"]) for r in got] == [(r["stage"], r["epoch"], r["step"]) for r in want]
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=1e-4)
+    # The online stage took the same trajectories, validated at the same points and kept the same checkpoint.
+    got, want = (online.read_progress(root / kind / str(i)) for kind in ("group", "solo"))
+    assert (got["trajectories"], got["best_at"], len(got["curve"])) == (want["trajectories"], want["best_at"],
+                                                                        len(want["curve"]))
+    np.testing.assert_allclose([v["val_return"] for v in got["validations"]],
+                               [v["val_return"] for v in want["validations"]], rtol=1e-6)
