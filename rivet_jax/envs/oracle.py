@@ -85,15 +85,25 @@ class Solution:
 def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: float, policy: str | int,
           available: Sequence[bool] | None = None, second_moment: bool = False) -> Solution:
     """Backward DP for one task. `policy`: 'oracle', 'random', or a model index (fixed model)."""
-    br = branches(sim, sim_task)
+    full = br = branches(sim, sim_task)
+    num_models = br.prob.shape[2]
+    mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
+    price_in = sim.price_in
+    if not isinstance(policy, str):
+        # A fixed model only ever calls itself: the DP over its column alone is the same arithmetic, M times less.
+        if not mask[policy]:
+            raise ValueError(f"fixed model {policy} is not available")
+        keep = [policy]
+        br = dataclasses.replace(br, prob=br.prob[:, :, keep], tokens=br.tokens[:, :, keep],
+                                 cost_out=br.cost_out[:, keep])
+        price_in, mask, policy = price_in[keep], np.ones(1, bool), 0
     num_steps, num_branches, num_models = br.prob.shape
     turns, proposals = sim.max_turns, sim.max_proposals
-    mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
     c0 = sim.task_tokens(sim_task) // sim.block          # prompt lengths in token blocks from here on
     pad = int(br.tokens.max())
     size = c0 + (turns - 1) * pad + 1                     # every reachable prompt length is < size
     ext = size + pad                                      # tables are padded so c + tokens never leaves them
-    cost_in = sim.price_in[:, None] * (np.arange(size) * sim.block)[None, :]   # (M, C) input dollars
+    cost_in = price_in[:, None] * (np.arange(size) * sim.block)[None, :]   # (M, C) input dollars
     num_q = 4 + second_moment                             # V, S, $, N (+ W); Z kept apart (it has a model axis)
     # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w): these do not
     # depend on t, so the backward loop only gathers.
@@ -146,7 +156,7 @@ def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: flo
     switch = max(0.0, 1.0 - float(nxt_z[0, 0, :, c0].sum()))  # clipped: rounding can leave -1e-16
     stats = PolicyStats(value=float(first[0]), success=float(first[1]), cost=float(first[2]), turns=float(first[3]),
                         switch=switch)
-    return Solution(stats=stats, values=values, second_moment=moments, branches=br, block=sim.block)
+    return Solution(stats=stats, values=values, second_moment=moments, branches=full, block=sim.block)
 
 
 def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -169,12 +179,12 @@ def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) ->
 
 
 def policy_report(sim: RouteSim, split: str, lam: float, gamma: float, c_ref: float,
-                  available: Sequence[bool] | None = None) -> dict[str, dict[str, float]]:
+                  available: Sequence[bool] | None = None, oracle_only: bool = False) -> dict[str, dict[str, float]]:
     """Exact accuracy, total cost (dollars, summed over the split's tasks), mean return, turns and switch rate
-    of the oracle, every available fixed model and the random router on `split`."""
+    of the oracle, every available fixed model and the random router on `split` (`oracle_only`: the oracle's)."""
     mask = np.ones(len(sim.pool), bool) if available is None else np.asarray(available, bool)
-    policies = {"oracle": "oracle", **{name: m for m, name in enumerate(sim.pool.names) if mask[m]},
-                "random": "random"}
+    policies = {"oracle": "oracle"} if oracle_only else {
+        "oracle": "oracle", **{name: m for m, name in enumerate(sim.pool.names) if mask[m]}, "random": "random"}
     report = {}
     for name, policy in policies.items():
         stats = [solve(sim, t, lam, gamma, c_ref, policy, available=mask).stats for t in sim.sim_tasks(split)]

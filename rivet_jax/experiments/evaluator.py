@@ -75,11 +75,20 @@ class Evaluator:
                                           self.config.evaluate.rollouts_per_task)
 
     def exact(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
+        """The exact report (oracle, fixed models, random) of `split` at `lam`, computed once."""
+        return self._report(split, lam, available, oracle_only=False)
+
+    def oracle(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
+        """The oracle's exact row alone (the DP of one policy instead of every policy's)."""
+        return self._report(split, lam, available, oracle_only=True)["oracle"]
+
+    def _report(self, split: str, lam: float, available: Sequence[str] | None, oracle_only: bool) -> dict:
         mask = None if available is None else tuple(n in available for n in self.sim.pool.names)
         key = (split, lam, mask)
-        if key not in self._exact:
-            self._exact[key] = oracle.policy_report(self.sim, split, lam, self.config.reward.gamma, self.c_ref,
-                                                    available=mask)
+        if key in self._exact and (oracle_only or "random" in self._exact[key]):
+            return self._exact[key]
+        self._exact[key] = oracle.policy_report(self.sim, split, lam, self.config.reward.gamma, self.c_ref,
+                                                available=mask, oracle_only=oracle_only)
         return self._exact[key]
 
 

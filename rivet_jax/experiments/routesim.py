@@ -162,11 +162,12 @@ def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list
 def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]]) -> list[dict]:
     """RIVET and the oracle at each lambda (accuracy and cost do not depend on lambda's use in J)."""
     split, rows = ev.config.evaluate.split, []
+    fixed = ev.exact(split, ev.config.reward.lam)  # a fixed model's accuracy and cost do not depend on lambda
+    reference = fixed[oracle.most_accurate_fixed(fixed, ev.sim.pool.names)]["cost"]
     for lam, routers in sorted(by_lambda.items()):
-        exact = ev.exact(split, lam)
-        reference = exact[oracle.most_accurate_fixed(exact, ev.sim.pool.names)]["cost"]
-        top = exact["oracle"]["return"]
-        rows.append({**row("oracle", split, exact["oracle"], top, reference), "lambda": lam})
+        best = ev.oracle(split, lam)
+        top = best["return"]
+        rows.append({**row("oracle", split, best, top, reference), "lambda": lam})
         rows.append({**seed_row(MAIN, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
                                  reference), "lambda": lam})
     return rows
@@ -251,7 +252,7 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
     keys = ("router", "split", "accuracy", "cost_usd", "accuracy_sd", "cost_usd_sd")
     points = [{k: r[k] for k in keys if k in r} for r in table1_rows]
     frontier = [{"router": report.FRONTIER, "split": split, "lambda": lam,
-                 **{k: ev.exact(split, lam)["oracle"][m] for k, m in (("accuracy", "accuracy"), ("cost_usd", "cost"))}}
+                 **{k: ev.oracle(split, lam)[m] for k, m in (("accuracy", "accuracy"), ("cost_usd", "cost"))}}
                 for lam in ev.config.reproduce.frontier_lambdas]
     return points + frontier
 
