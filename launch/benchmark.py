@@ -20,15 +20,19 @@ _ENCODERS = flags.DEFINE_bool("encoders", True, "Also measure frozen-encoder thr
 _PREFIX_REUSE = flags.DEFINE_bool("prefix_reuse", True, "Also measure Qwen3 prefix reuse on the MINT logs (skipped "
                                   "when --mint_dir or --qwen3_fixture is absent).")
 _MINT = flags.DEFINE_string("mint_dir", "../shared/mint", "MINT logs for the prefix-reuse measurement.")
+_RUNS = flags.DEFINE_integer("runs", 27, "Runs trained together in the run-group line (the reproduction's 27).")
 _QWEN3_FIXTURE = flags.DEFINE_string("qwen3_fixture", "../shared/fixtures/qwen3_tiny",
                                      "Tiny Qwen3 checkpoint timing the prefix-reuse paths.")
 
 
 def main(argv):
     del argv
+    reference = benchmark.matmul_flops_per_s()  # first, so that every time printed after reads against it
+    print(f"machine reference: 2048^2 float32 matmul at {reference / 1e9:.0f} GFLOP/s", flush=True)
     result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value,
-                                     scaling=_SCALING.value, encoders=_ENCODERS.value,
-                                     prefix_reuse=(_MINT.value, _QWEN3_FIXTURE.value) if _PREFIX_REUSE.value else None)
+                                     scaling=_SCALING.value, encoders=_ENCODERS.value, runs=_RUNS.value,
+                                     prefix_reuse=(_MINT.value, _QWEN3_FIXTURE.value) if _PREFIX_REUSE.value else None,
+                                     matmul_reference=reference)
     print(benchmark.format_table(result))
     benchmark.write_json(result, _OUTPUT.value)
     print(f"wrote {_OUTPUT.value}")

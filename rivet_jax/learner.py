@@ -98,7 +98,7 @@ def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
 
 
 # The settings the runs of one group may differ in: values the vmapped program reads, or bookkeeping.
-VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "reward.lam")
+VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "reward.lam", "runs_vmapped")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -115,6 +115,15 @@ def shape_signature(config) -> str:
     """Everything in `config` but `VALUE_KEYS`: runs with equal signatures can train as one program."""
     settings = {k: v for k, v in _flat(config.to_dict()).items() if k not in VALUE_KEYS}
     return json.dumps(settings, sort_keys=True, default=str)
+
+
+def runs_vmapped(config) -> int | None:
+    """`lax.map`'s batch size over a run group: `config.runs_vmapped` (0 = every run vmapped into each step), or
+    for -1 every run on an accelerator and one at a time (None: a sequential map) on a CPU."""
+    vmapped = config.get("runs_vmapped", -1)
+    if vmapped < 0:
+        vmapped = 1 if jax.default_backend() == "cpu" else 0
+    return None if vmapped == 1 else vmapped
 
 
 class RunValues(NamedTuple):

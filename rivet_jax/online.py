@@ -40,8 +40,8 @@ from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import GroupMember, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.learner import (RunValues, TrainState, from_saveable, init_train_state, make_optimizer, make_update,
-                               run_values, saveable, shape_signature, stack, template_state, unstack,
-                               with_run_rewards)
+                               run_values, runs_vmapped, saveable, shape_signature, stack, template_state,
+                               unstack, with_run_rewards)
 from rivet_jax.networks import make_network
 from rivet_jax.router import RouterGroup
 
@@ -108,7 +108,12 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
                              opt_state=keep(stepped.opt_state, state.opt_state),
                              step=jnp.where(active, stepped.step, state.step)), metrics
 
-    return jax.jit(jax.vmap(run_update, in_axes=(0, None, 0, 0, 0, 0)), donate_argnums=0)
+    @functools.partial(jax.jit, donate_argnums=0)
+    def group_update(states, logged, values, new, num_new, active):
+        return jax.lax.map(lambda run: run_update(run[0], logged, *run[1:]), (states, values, new, num_new, active),
+                           batch_size=runs_vmapped(config))
+
+    return group_update
 
 
 # ------------------------------------------------------------------------------------------------- schedule

@@ -8,8 +8,10 @@ other lambda. Those runs differ in values, not in shapes:
     loss.zero_response  RIVE's input scaled by 0 or 1     `LossWeights.response`
     reward.lam          rewards and returns (Eq. 1-2)     reward and mc_return columns (R, N)
 
-so one jit'ed, scanned epoch steps all of them (the purejaxrl recipe): one compile instead of R, and R small
-updates fused into one program per step. Every run keeps its own workdir, resume point, checkpoints and
+so one jit'ed program runs an epoch of all of them (the purejaxrl recipe): one compile instead of R. On a GPU or
+TPU the runs are vmapped into every step (R small updates become one); on a CPU, where one update is already
+compute-bound (27 vmapped runs measured 0.8x one run's steps/s on 2 cores, `launch.benchmark`), the program runs
+them one after another (`config.runs_vmapped`, `learner.runs_vmapped`). Every run keeps its own workdir, resume point, checkpoints and
 metrics.jsonl through `train.StageRun`, exactly as a solo run (`train.train`) does; its parameters equal the solo
 run's to float tolerance (vmapped matmuls may round differently). Runs whose other settings differ (widths,
 epochs, batch size, ...) form separate groups. The online stage then adapts the runs in lockstep
@@ -31,31 +33,32 @@ from absl import logging
 
 from rivet_jax import online, sharding, train
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
-from rivet_jax.learner import (RunValues, TrainState, make_optimizer, make_update, run_values, shape_signature,
-                               stack, unstack, with_run_rewards)
+from rivet_jax.learner import (RunValues, TrainState, make_optimizer, make_update, run_values, runs_vmapped,
+                               shape_signature, stack, unstack, with_run_rewards)
 from rivet_jax.networks import RivetNet, make_network
 
 def make_group_epoch(net: RivetNet, tx, config, stage: str) -> Callable:
-    """jit'ed (states (R, ...), data, values, epoch) -> (states, per-step metrics (S, R), batches (R, S, B)).
+    """jit'ed (states (R, ...), data, values, epoch) -> (states, per-step metrics (R, S), batches (R, S, B)).
 
     Each run draws its epoch's shuffle from its own stage key, as `train.make_train_epoch` does, and reads the
-    shared replay with its own rewards and loss weights."""
+    shared replay with its own rewards and loss weights. `runs_vmapped(config)` runs are vmapped into each step
+    (`lax.map`'s batch size); the rest of the group runs after them inside the same program."""
     update = make_update(net, tx, config, stage)
     batch_size = config.optim.batch_size
 
-    def run_step(state: TrainState, data: TrainData, values: RunValues, idx: jax.Array):  # one run, one batch
-        batch = with_run_rewards(gather_batch(data, idx), values, idx)
-        return update(state, batch, data.cards(), values.weights)
-
-    group_step = jax.vmap(run_step, in_axes=(0, None, 0, 0))
-
     @functools.partial(jax.jit, donate_argnums=0)
     def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
-        shuffle = lambda key: sharding.epoch_batches(jax.random.fold_in(key, epoch), data.num_transitions, batch_size)
-        batches = jax.vmap(shuffle)(states.key)                                                   # (R, S, B)
-        states, metrics = jax.lax.scan(lambda s, idx: group_step(s, data, values, idx), states,
-                                       jnp.swapaxes(batches, 0, 1))
-        return states, metrics, batches
+        def run_epoch(run: tuple[TrainState, RunValues]):  # one run's whole epoch
+            state, own = run
+            batches = sharding.epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
+
+            def step(s: TrainState, idx: jax.Array):
+                return update(s, with_run_rewards(gather_batch(data, idx), own, idx), data.cards(), own.weights)
+
+            state, metrics = jax.lax.scan(step, state, batches)
+            return state, metrics, batches
+
+        return jax.lax.map(run_epoch, (states, values), batch_size=runs_vmapped(config))
 
     return group_epoch
 
@@ -73,7 +76,7 @@ def train_together(runs: Sequence[train.StageRun], on_epoch_end: Callable | None
         states, metrics, batches = group_epoch(states, data, values, jnp.asarray(epoch, jnp.int32))
         metrics, batches = jax.device_get((metrics, batches))
         seconds = time.perf_counter() - started
-        records = [run.end_epoch(unstack(states, r), {k: v[:, r] for k, v in metrics.items()}, batches[r],
+        records = [run.end_epoch(unstack(states, r), {k: v[r] for k, v in metrics.items()}, batches[r],
                                  seconds, epoch, log=False) for r, run in enumerate(runs)]
         logging.info("%s epoch %d/%d of %d runs together: loss %.4f (%.4f-%.4f)  %.0f steps/s per run, "
                      "%.0f run-steps/s", stage, epoch + 1, runs[0].epochs, len(runs),

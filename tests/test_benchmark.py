@@ -7,12 +7,19 @@ from rivet_jax.bench import benchmark
 
 
 def test_benchmark_reports_everything(tmp_path):
-    result = benchmark.run_benchmark(default.get_config("tiny"), num_transitions=200, num_models=3, single_steps=5)
+    result = benchmark.run_benchmark(default.get_config("tiny"), num_transitions=200, num_models=3, single_steps=5,
+                                     runs=3)
     assert result["td_update"]["flops"] > 0 and 0 < result["td_update"]["fraction_of_matmul"]
+    group = result["run_group"]
+    assert group["runs"] == 3
+    assert all(group[how]["steps_per_epoch"] == 200 // 16 and group[how]["run_steps_per_s"] > 0
+               for how in ("vmapped", "sequential"))
     assert 0 < result["routing"]["p50_us"] <= result["routing"]["p99_us"]
     assert result["offline_training"]["total_s"] > 0
     table = benchmark.format_table(result)
-    for line in ("TD+CQL update, achieved", "routing, one decision", "offline training"):
+    assert table.splitlines()[1].lstrip().startswith("machine reference: 2048^2 matmul")  # read first
+    for line in ("TD+CQL update, achieved", "routing, one decision", "offline training",
+                 "reproduction training: 3 runs vmapped"):
         assert line in table
     benchmark.write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["sizes"]["transitions"] == 200

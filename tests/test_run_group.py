@@ -80,3 +80,29 @@ def test_group_run_equals_its_solo_run(group_and_solo, i):
                                                                         len(want["curve"]))
     np.testing.assert_allclose([v["val_return"] for v in got["validations"]],
                                [v["val_return"] for v in want["validations"]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("stage", ["mc", "td"])
+def test_vmapped_runs_equal_runs_one_after_another(stage):
+    """`runs_vmapped` only changes how the program is laid out (GPU/TPU: all runs in every step), not the result."""
+    from configs import default
+    from rivet_jax.bench.benchmark import synthetic_data, synthetic_pool
+
+    config = default.get_config("tiny")
+    pool = synthetic_pool(3)
+    data = synthetic_data(100, config.encoder.dim, pool)
+    net, tx = make_network(config), learner.make_optimizer(config)
+    ended = {}
+    for vmapped in (0, 1):
+        configs = [with_overrides(config, {"seed": s, "runs_vmapped": vmapped, "loss.alpha": a, "reward.lam": lam})
+                   for s, a, lam in ((0, 0.1, 0.05), (1, 0.0, 0.05), (2, 0.1, 0.5))]
+        states = learner.stack([learner.template_state(c, net, tx, config.encoder.dim, pool, stage) for c in configs])
+        replays = [{**data.replay, "reward": data.replay["reward"] * (1 + i)} for i in range(len(configs))]
+        values = learner.run_values(configs, replays)
+        epoch = run_group.make_group_epoch(net, tx, configs[0], stage)
+        for e in range(2):
+            states, metrics, _ = epoch(states, data, values, jax.numpy.int32(e))
+        ended[vmapped] = jax.tree.leaves(states.params)
+        assert metrics["loss"].shape == (3, 100 // config.optim.batch_size)  # (R, S)
+    for a, b in zip(*ended.values()):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
