@@ -152,8 +152,9 @@ def stack(trees: Sequence[Any]) -> Any:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 
+@jax.jit
 def unstack(tree: Any, r: int) -> Any:
-    """Run `r` of a stacked pytree."""
+    """Run `r` of a stacked pytree (jit'ed with `r` traced: one compile per tree structure, not one per run)."""
     return jax.tree.map(lambda leaf: leaf[r], tree)
 
 

@@ -84,8 +84,8 @@ def embedded_episode(episode, encoder: Encoder, max_tokens: int, pool, lam: floa
 
 
 def make_group_update(net, tx, config, mesh=None) -> Callable:
-    """jit'ed (states, logged, values, new, num_new (R,), active (R,)) -> (states, metrics): for every active run
-    one TD+CQL step on a half-logged, half-new batch; inactive runs keep their state.
+    """jit'ed (states, logged, values, new, num_new (R,), active (R,)) -> (states, metrics (R,)): for every active
+    run one TD+CQL step on a half-logged, half-new batch; inactive runs keep their state (metrics 0).
 
     With a multi-device `mesh` each batch is split over its devices (states and replays replicated)."""
     batch_size = config.optim.batch_size
@@ -101,12 +101,10 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
         batch = jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh[new_idx]]), logged_batch, new)
         if mesh is not None and mesh.size > 1:
             batch = sharding.shard_batch(batch, mesh)
-        stepped, metrics = step(state, batch, logged.cards(), values.weights)
-        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(active, x, y), a, b)
-        return state.replace(params=keep(stepped.params, state.params),
-                             target_params=keep(stepped.target_params, state.target_params),
-                             opt_state=keep(stepped.opt_state, state.opt_state),
-                             step=jnp.where(active, stepped.step, state.step)), metrics
+        stepped = lambda s: step(s, batch, logged.cards(), values.weights)
+        idle_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(stepped, state)[1])
+        # A real branch when runs go one at a time (an idle run costs nothing); a select under vmap.
+        return jax.lax.cond(active, stepped, lambda s: (s, idle_metrics), state)
 
     @functools.partial(jax.jit, donate_argnums=0)
     def group_update(states, logged, values, new, num_new, active):
@@ -341,9 +339,11 @@ def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
                          "--multihost, from the offline stages' workdir")
     workdirs = [Path(w) for w in workdirs]
     prepared = list(prepared or [prepare_data(c, w, c_ref=train.stored_c_ref(w)) for c, w in zip(configs, workdirs)])
-    opened = []
+    opened, learners = [], {}
     for config, workdir, data in zip(configs, workdirs, prepared):
-        net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
+        # One network and optimizer per shape signature: their jit'ed functions then compile once, not per run.
+        net, tx = learners.setdefault(shape_signature(config), (make_network(config), make_optimizer(
+            config, learning_rate=config.online.lr)))
         template = template_state(config, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
         opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
     key = lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)
