@@ -43,6 +43,7 @@ from rivet_jax.learner import (RunValues, TrainState, from_saveable, init_train_
                                run_values, runs_vmapped, saveable, shape_signature, stack, template_state,
                                unstack, with_run_rewards)
 from rivet_jax.networks import make_network
+from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
 
 STAGE, PROGRESS = "online", "online_progress"
@@ -85,31 +86,35 @@ def embedded_episode(episode, encoder: Encoder, max_tokens: int, pool, lam: floa
 
 def make_group_update(net, tx, config, mesh=None) -> Callable:
     """jit'ed (states, logged, values, new, num_new (R,), active (R,)) -> (states, metrics (R,)): for every active
-    run one TD+CQL step on a half-logged, half-new batch; inactive runs keep their state (metrics 0).
+    run of a chunk (stacked states and replays, see `RunChunks`) one TD+CQL step on a half-logged, half-new batch;
+    inactive runs keep their state (metrics 0).
 
     With a multi-device `mesh` each batch is split over its devices (states and replays replicated)."""
     batch_size = config.optim.batch_size
     half = batch_size // 2
     step = make_update(net, tx, config, "td")
 
-    def run_update(state: TrainState, logged: TrainData, values: RunValues, new: Batch, num_new: jax.Array,
-                   active: jax.Array):
+    def run_update(state: TrainState, logged: TrainData, values: RunValues, new: Batch, run: jax.Array,
+                   num_new: jax.Array, active: jax.Array):
         key_logged, key_new = jax.random.split(jax.random.fold_in(state.key, state.step))
         logged_idx = jax.random.randint(key_logged, (batch_size - half,), 0, logged.num_transitions)
         new_idx = jax.random.randint(key_new, (half,), 0, num_new)
         logged_batch = with_run_rewards(gather_batch(logged, logged_idx), values, logged_idx)
-        batch = jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh[new_idx]]), logged_batch, new)
+        # Gathered straight from the stacked replays: mapping over them would copy a run's whole buffer per step.
+        batch = jax.tree.map(lambda old, fresh: jnp.concatenate([old, fresh[run, new_idx]]), logged_batch, new)
         if mesh is not None and mesh.size > 1:
             batch = sharding.shard_batch(batch, mesh)
         stepped = lambda s: step(s, batch, logged.cards(), values.weights)
         idle_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(stepped, state)[1])
-        # A real branch when runs go one at a time (an idle run costs nothing); a select under vmap.
-        return jax.lax.cond(active, stepped, lambda s: (s, idle_metrics), state)
+        return jax.lax.cond(active, stepped, lambda s: (s, idle_metrics), state)  # a select under vmap
 
     @functools.partial(jax.jit, donate_argnums=0)
     def group_update(states, logged, values, new, num_new, active):
-        return jax.lax.map(lambda run: run_update(run[0], logged, *run[1:]), (states, values, new, num_new, active),
-                           batch_size=runs_vmapped(config))
+        runs = jnp.arange(num_new.shape[0])
+        # vmapped over a whole chunk (GPU/TPU); a chunk of one is a map of length one, where `lax.cond` really
+        # skips an idle run's update (under vmap it would be a select computing both branches).
+        return jax.lax.map(lambda r: run_update(r[0], logged, r[1], new, *r[2:]),
+                           (states, values, runs, num_new, active), batch_size=runs_vmapped(config))
 
     return group_update
 
@@ -149,7 +154,7 @@ def task_order(env, config) -> list[str]:
 
 
 @dataclasses.dataclass
-class Progress:
+class OnlineProgress:
     trajectories: int = 0
     best_score: float = -np.inf
     best_at: int = 0
@@ -167,7 +172,7 @@ class OnlineRun:
     workdir: Path
     prepared: PreparedData
     order: list[str]
-    progress: Progress
+    progress: OnlineProgress
     best: checkpointing.StageCheckpoints
     saved: checkpointing.StageCheckpoints  # the progress checkpoints
     meta: dict
@@ -202,7 +207,7 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
     saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
     best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
-    run = OnlineRun(config, workdir, prepared, task_order(env, config), Progress(), best, saved,
+    run = OnlineRun(config, workdir, prepared, task_order(env, config), OnlineProgress(), best, saved,
                     train.checkpoint_meta(config, prepared, STAGE))
     replay = empty_replay(_capacity(env, config), dim, num_models)
     if saved.latest_epoch() is not None:
@@ -213,7 +218,7 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
         restored, _ = saved.restore({"state": saveable(template), "replay": empty_replay(num_new, dim, num_models)})
         replay = jax.tree.map(lambda buf, rows: buf.at[:num_new].set(jnp.asarray(np.asarray(rows))), replay,
                               restored["replay"])
-        run.progress = Progress(**saved_meta["progress"])
+        run.progress = OnlineProgress(**saved_meta["progress"])
         logging.info("Resuming online adaptation of %s after %d trajectories", workdir, run.progress.trajectories)
         return run, from_saveable(restored["state"]), replay, num_new
     td = checkpointing.StageCheckpoints(workdir, "td")
@@ -226,9 +231,39 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
     return run, state, replay, 0
 
 
-def adapt_together(runs: Sequence[OnlineRun], states: TrainState, replays: Batch, num_new: np.ndarray, env,
-                   on_validation: Callable[[dict], None] | None = None) -> None:
-    """Steps `runs` (same shape signature and trajectory count; states and replays stacked) to their ends."""
+class RunChunks:
+    """The runs' states, new replays and values, stacked in chunks of `learner.runs_vmapped` runs: every run in one
+    chunk on a GPU/TPU (one vmapped update per step for all), one run per chunk on a CPU (copying a run's state in
+    and out of a stacked step there costs more than the update itself; idle chunks are skipped)."""
+
+    def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch], mesh):
+        size = {0: len(runs), None: 1}.get(runs_vmapped(runs[0].config), runs_vmapped(runs[0].config))
+        self.members = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
+        self.states = [stack([states[r] for r in m]) for m in self.members]
+        self.replays = [stack([replays[r] for r in m]) for m in self.members]
+        self.values = [run_values([runs[r].config for r in m], [runs[r].prepared.data.replay for r in m])
+                       for m in self.members]
+        if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
+            self.states, self.replays, self.values = sharding.replicate((self.states, self.replays, self.values),
+                                                                        mesh)
+        self.size = size
+
+    def where(self, r: int) -> tuple[int, int]:
+        """(chunk, index in the chunk) of run r."""
+        return r // self.size, r % self.size
+
+    def state(self, r: int) -> TrainState:
+        c, i = self.where(r)
+        return unstack(self.states[c], i)
+
+    def replay(self, r: int) -> Batch:
+        c, i = self.where(r)
+        return unstack(self.replays[c], i)
+
+
+def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch],
+                   num_new: np.ndarray, env, on_validation: Callable[[dict], None] | None = None) -> None:
+    """Steps `runs` (same shape signature and trajectory count) to their ends."""
     config, first = runs[0].config, runs[0].prepared
     net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
     mesh = sharding.make_mesh(config.devices)
@@ -236,25 +271,28 @@ def adapt_together(runs: Sequence[OnlineRun], states: TrainState, replays: Batch
     logged = first.data
     if logged.on_host:  # one update per transition reads the logged replay on the device (it is small)
         logged = jax.tree.map(jnp.asarray, logged)
-    values = run_values([run.config for run in runs], [run.prepared.data.replay for run in runs])
-    if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
-        states, replays, logged, values = sharding.replicate((states, replays, logged, values), mesh)
+    if mesh.size > 1:
+        logged = sharding.replicate(logged, mesh)
+    chunks = RunChunks(runs, states, replays, mesh)
     update = make_group_update(net, tx, config, mesh)
     cards = np.asarray(first.data.embeddings[first.data.card_text])
     max_turns = env.max_turns
 
-    def routers() -> RouterGroup:
-        return RouterGroup(states.params, first.pool, first.encoder, config, cards)
+    def members(make: Callable, rs: Sequence[int]) -> list:
+        """A member policy per run of `rs`, each deciding through its chunk's `RouterGroup`."""
+        groups = [RouterGroup(s.params, first.pool, first.encoder, config, cards) for s in chunks.states]
+        return [make(groups[chunks.where(r)[0]], chunks.where(r)[1]) for r in rs]
 
-    def validate(members: list[int]) -> None:
-        group, point = routers(), runs[members[0]].progress.trajectories
-        val = evaluation.rollout_each(env, [GroupMember(group, r) for r in members], config.online.validation_split,
-                                      config.online.eval_rollouts, config.online.eval_seed)
+    def validate(members_: list[int]) -> None:
+        point = runs[members_[0]].progress.trajectories
+        policies = members(GroupMember, members_)
+        val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,
+                                      config.online.eval_seed)
         test = None
         if point in config.online.curve_points:
-            test = evaluation.rollout_each(env, [GroupMember(group, r) for r in members], config.online.test_split,
-                                           config.online.eval_rollouts, config.online.eval_seed)
-        for k, r in enumerate(members):
+            test = evaluation.rollout_each(env, policies, config.online.test_split, config.online.eval_rollouts,
+                                           config.online.eval_seed)
+        for k, r in enumerate(members_):
             run, progress = runs[r], runs[r].progress
             scores = run.metrics(val[k])
             record = {"trajectories": point, **{f"val_{key}": v for key, v in scores.items()}}
@@ -265,47 +303,54 @@ def adapt_together(runs: Sequence[OnlineRun], states: TrainState, replays: Batch
             improved = scores["return"] > progress.best_score
             if improved:
                 progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
-                run.best.save(point, saveable(unstack(states, r)), run.meta)
+                run.best.save(point, saveable(chunks.state(r)), run.meta)
             else:
                 progress.since_best += 1
             progress.validations.append(record)
-            if len(members) == 1:
+            if len(members_) == 1:
                 logging.info("online: %d trajectories, validation J %.4f acc %.3f cost %.4f%s", point,
                              scores["return"], scores["accuracy"], scores["cost"],
                              " (best)" if improved else f" (no improvement {progress.since_best}x)")
             if on_validation is not None:
                 on_validation(record)
-        if len(members) > 1:
-            returns = [runs[r].progress.validations[-1]["val_return"] for r in members]
+        if len(members_) > 1:
+            returns = [runs[r].progress.validations[-1]["val_return"] for r in members_]
             logging.info("online: %d trajectories, %d runs in lockstep: validation J %.4f (%.4f-%.4f), %d improved",
-                         point, len(members), np.mean(returns), min(returns), max(returns),
-                         sum(runs[r].progress.since_best == 0 for r in members))
+                         point, len(members_), np.mean(returns), min(returns), max(returns),
+                         sum(runs[r].progress.since_best == 0 for r in members_))
 
     active = [r for r, run in enumerate(runs) if not run.progress.finished]
     if active and not runs[active[0]].progress.validations:
         validate(active)  # the offline router is the first candidate for "best"
     started = time.perf_counter()
+    progress = Progress("online adaptation (lockstep trajectories, at most)", max(len(runs[r].order) for r in active)
+                         if active else 0)
     while active:
         k = runs[active[0]].progress.trajectories
-        group, eps = routers(), epsilon(k, config)
-        episodes = run_episodes(env, [runs[r].order[k] for r in active], [Explorer(group, r, eps) for r in active],
+        episodes = run_episodes(env, [runs[r].order[k] for r in active],
+                                members(lambda group, i: Explorer(group, i, epsilon(k, config)), active),
                                 [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
                                 [f"online/{k}"] * len(active))
         lengths = np.zeros(len(runs), np.int32)
         for r, episode in zip(active, episodes):
-            run = runs[r]
             rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
-                                    run.config.reward.lam, run.config.reward.gamma, first.c_ref)
-            replays = _write_rows(replays, pad_rows_to(rows, max_turns), jnp.int32(r), jnp.int32(num_new[r]))
+                                    runs[r].config.reward.lam, runs[r].config.reward.gamma, first.c_ref)
+            c, i = chunks.where(r)
+            chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
+                                            jnp.int32(num_new[r]))
             lengths[r] = len(episode.turns)
-        losses = []
-        for j in range(int(lengths.max())):  # one gradient update per new transition, all runs at once
+        losses = np.zeros((int(lengths.max()), len(runs)))                                  # (T, R)
+        pending = []
+        for j in range(int(lengths.max())):  # one gradient update per new transition; idle chunks skipped
             stepping = lengths > j
             num_new = num_new + stepping
-            states, metrics = update(states, logged, values, replays, jnp.asarray(num_new, jnp.int32),
-                                     jnp.asarray(stepping))
-            losses.append(metrics["loss"])
-        losses = np.where(lengths[None] > np.arange(len(losses))[:, None], np.asarray(losses), 0.0)  # (T, R)
+            for c, rs in enumerate(chunks.members):
+                if stepping[rs].any():
+                    chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c], chunks.replays[c],
+                                                       jnp.asarray(num_new[rs], jnp.int32), jnp.asarray(stepping[rs]))
+                    pending.append((j, rs, metrics["loss"]))
+        for j, rs, loss in pending:  # read back once, after every update of the trajectory was dispatched
+            losses[j, rs] = np.where(lengths[rs] > j, np.asarray(loss), 0.0)
         for r in active:
             runs[r].progress.trajectories += 1
             if not np.all(np.isfinite(losses[:, r])):
@@ -314,18 +359,19 @@ def adapt_together(runs: Sequence[OnlineRun], states: TrainState, replays: Batch
         if (k + 1) % config.online.validate_every == 0:
             validate(active)
         for r in list(active):
-            run, progress = runs[r], runs[r].progress
-            stop = (progress.trajectories % config.online.validate_every == 0
-                    and progress.trajectories >= config.online.early_stop_after
-                    and progress.since_best >= config.online.patience)
-            progress.finished = stop or progress.trajectories >= len(run.order)
-            if progress.trajectories % config.online.validate_every == 0 or progress.finished:
-                run.save_progress(unstack(states, r), unstack(replays, r), int(num_new[r]))
+            run, counters = runs[r], runs[r].progress
+            stop = (counters.trajectories % config.online.validate_every == 0
+                    and counters.trajectories >= config.online.early_stop_after
+                    and counters.since_best >= config.online.patience)
+            counters.finished = stop or counters.trajectories >= len(run.order)
+            if counters.trajectories % config.online.validate_every == 0 or counters.finished:
+                run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]))
             if stop:
                 logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
-                             progress.trajectories, progress.best_at)
-            if progress.finished:
+                             counters.trajectories, counters.best_at)
+            if counters.finished:
                 active.remove(r)
+        progress.step()
     logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
 
 
@@ -350,8 +396,8 @@ def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
     pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
     for _, members in itertools.groupby(sorted(pending, key=key), key=key):
         members = list(members)
-        adapt_together([opened[i][1] for i in members], stack([opened[i][2] for i in members]),
-                       stack([opened[i][3] for i in members]), np.array([opened[i][4] for i in members]), env,
+        adapt_together([opened[i][1] for i in members], [opened[i][2] for i in members],
+                       [opened[i][3] for i in members], np.array([opened[i][4] for i in members]), env,
                        on_validation)
     for _, run, *_ in opened:
         (run.workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",

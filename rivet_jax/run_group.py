@@ -11,11 +11,11 @@ other lambda. Those runs differ in values, not in shapes:
 so one jit'ed program runs an epoch of all of them (the purejaxrl recipe): one compile instead of R. On a GPU or
 TPU the runs are vmapped into every step (R small updates become one); on a CPU, where one update is already
 compute-bound (27 vmapped runs measured 0.8x one run's steps/s on 2 cores, `launch.benchmark`), the program runs
-them one after another (`config.runs_vmapped`, `learner.runs_vmapped`). Every run keeps its own workdir, resume point, checkpoints and
-metrics.jsonl through `train.StageRun`, exactly as a solo run (`train.train`) does; its parameters equal the solo
-run's to float tolerance (vmapped matmuls may round differently). Runs whose other settings differ (widths,
-epochs, batch size, ...) form separate groups. The online stage then adapts the runs in lockstep
-(`online.run_online_group`: one batched rollout per trajectory, one vmapped update per step).
+them one after another (`config.runs_vmapped`, `learner.runs_vmapped`). Every run keeps its own workdir, resume
+point, checkpoints and metrics.jsonl through `train.StageRun`, exactly as a solo run (`train.train`) does; its
+parameters equal the solo run's to float tolerance (vmapped matmuls may round differently). Runs whose other
+settings differ (widths, epochs, batch size, ...) form separate groups. The online stage then adapts the runs in
+lockstep (`online.run_online_group`: one batched rollout per trajectory, the updates of each step in chunks).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rivet_jax.bench.run_groups import run_group_rows, run_group_throughput
 from rivet_jax.corpus import TrainData
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelCard, ModelPool
@@ -368,7 +369,7 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
     result["td_update"] = {"flops": analytic, "flops_per_s": analytic * scan_rate,
                            "fraction_of_matmul": analytic * scan_rate / result["matmul_flops_per_s"],
                            "xla_flops": xla, "xla_fraction_of_matmul": xla * scan_rate / result["matmul_flops_per_s"]}
-    result["run_group"] = _run_group_throughput(config, net, tx, data, pool, runs,
+    result["run_group"] = run_group_throughput(config, net, tx, data, pool, runs,
                                                 result["offline_training"]["td"]["scan_steps_per_s"])
     result["torch_reference"] = _torch_reference(config, data, pool, single_steps, {
         "jit_per_step": result["single_step"]["td"]["steps_per_s"], "scan": scan_rate})
@@ -379,35 +380,6 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
     if scaling:
         result["scaling"] = _scaling(config)
     result["load_average_after"] = os.getloadavg()  # other work on the machine skews every rate above
-    return result
-
-
-def _run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_s: float | None) -> dict:
-    """TD+CQL epochs of `runs` runs (each its own seed) as one program (`run_group`), warm, against one solo run's
-    scanned epoch: the reproduction's training throughput, with every run vmapped into each step and with the runs
-    one after another inside the program (the CPU default, `learner.runs_vmapped`)."""
-    from rivet_jax import run_group
-    from rivet_jax.learner import run_values, stack
-
-    result = {"runs": runs}
-    for name, vmapped in (("vmapped", 0), ("sequential", 1)):
-        configs = [ml_collections.ConfigDict({**config.to_dict(), "seed": config.seed + r, "runs_vmapped": vmapped})
-                   for r in range(runs)]
-        states = stack([template_state(c, net, tx, data.embeddings.shape[1], pool, "td") for c in configs])
-        values = run_values(configs, [data.replay] * runs)
-        group_epoch = run_group.make_group_epoch(net, tx, configs[0], "td")
-        started = time.perf_counter()
-        states, metrics, _ = _block(group_epoch(states, data, values, jnp.int32(0)))
-        first_epoch = time.perf_counter() - started
-        steps = int(metrics["loss"].shape[1])                                      # metrics (R, S)
-        seconds = []
-        for epoch in range(1, 1 + REPEATS):
-            started = time.perf_counter()
-            states, metrics, _ = _block(group_epoch(states, data, values, jnp.int32(epoch)))
-            seconds.append(time.perf_counter() - started)
-        run_steps = runs * steps / float(np.median(seconds))
-        result[name] = {"steps_per_epoch": steps, "first_epoch_s": first_epoch, "run_steps_per_s": run_steps,
-                        "over_solo": run_steps / solo_steps_per_s if solo_steps_per_s else None}
     return result
 
 
@@ -438,11 +410,7 @@ def format_table(result: dict) -> str:
              f"first epoch (with compile) {offline['td']['first_epoch_s']:.2f}s"),
             (f"offline training {offline['mc']['epochs']} MC + {offline['td']['epochs']} TD epochs",
              f"{offline['total_s']:.2f} s", "wall time, compile included, encoding excluded"),
-            *[(f"reproduction training: {group['runs']} runs {how}",
-               f"{group[how]['run_steps_per_s']:.0f} run-steps/s",
-               f"TD+CQL epochs of {group['runs']} seeds as one program (run_group.py): "
-               f"{group[how]['over_solo'] or float('nan'):.2f}x one solo run's scanned steps/s; first epoch (with "
-               f"compile) {group[how]['first_epoch_s']:.1f}s") for how in ("vmapped", "sequential")],
+            *run_group_rows(group),
             ("TD+CQL update, achieved", f"{result['td_update']['flops_per_s'] / 1e9:.1f} GFLOP/s",
              f"{result['td_update']['flops'] / 1e6:.0f} MFLOP of matmuls per update (analytic), "
              f"{100 * result['td_update']['fraction_of_matmul']:.0f}% of a 2048^2 matmul's "

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import ml_collections
-from absl import logging
 
 from rivet_jax import checkpointing, run_group, train
+from rivet_jax.progress import Progress
 
 MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
 
@@ -38,31 +38,6 @@ def run_config(config: ml_collections.ConfigDict, episodes: Path, cards: Path, w
     return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards),
                                    "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
                                    "stage": stage, **overrides})
-
-
-class Progress:
-    """Counts the units of a long phase and logs `what: k/n, elapsed, ETA` when one finishes, at most every
-    `every_s` seconds (and always for the last), so a long job never goes quiet and never floods its log.
-
-    A plain log line rather than a progress bar: the job's output is usually a file (a bar's carriage returns make
-    one unreadable line there)."""
-
-    def __init__(self, what: str, total: int, every_s: float = 20.0, clock: Callable[[], float] = time.perf_counter,
-                 log: Callable[..., None] = logging.info):
-        self.what, self.total, self.every_s, self.clock, self.log = what, total, every_s, clock, log
-        self.done, self.started = 0, clock()
-        self.logged_at = self.started
-
-    def step(self, units: int = 1) -> None:
-        self.done += units
-        now = self.clock()
-        if now - self.logged_at < self.every_s and self.done < self.total:
-            return
-        self.logged_at = now
-        elapsed = now - self.started
-        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        self.log("%s: %d/%d done, %.0fs elapsed, about %.0fs left", self.what, self.done, self.total, elapsed,
-                 max(left, 0.0))
 
 
 def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, variant: str,
@@ -98,7 +73,8 @@ def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Pat
     epochs = {"mc": config.mc_epochs, "td": config.td_epochs}
     offline = Progress("offline training (run-epochs)", sum(epochs[s] for ss in stages for s in ss if s in epochs))
     offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs[s])
-                       for d, ss in zip(dirs, stages) for s in ss if s in epochs and checkpointing.stage_dir(d, s).is_dir())
+                       for d, ss in zip(dirs, stages) for s in ss
+                       if s in epochs and checkpointing.stage_dir(d, s).is_dir())
     run_group.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
     return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
 

@@ -423,7 +423,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("Table 2 done")
     sweep_stage = "online" if rp.sweep_stage == "all" else "td"
     experiments["lambda_sweep"] = lambda_sweep(ev, {
-        sweep_lam: [Router.from_checkpoint(d, stage=sweep_stage) for d in dirs] for sweep_lam, dirs in sweep_dirs.items()})
+        sweep_lam: [Router.from_checkpoint(d, stage=sweep_stage) for d in dirs]
+        for sweep_lam, dirs in sweep_dirs.items()})
     log("Figure 3 done")
     experiments["online_curve"] = online_curve(main_dirs, config.online.test_split)
     experiments["unavailability"] = unavailability(ev, baselines, onlines, lam)

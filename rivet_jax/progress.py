@@ -1,0 +1,33 @@
+"""Progress lines with an ETA for long phases (training runs, rollout sets, online trajectories)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from absl import logging
+
+
+class Progress:
+    """Counts the units of a long phase and logs `what: k/n, elapsed, ETA` when one finishes, at most every
+    `every_s` seconds (and always for the last), so a long job never goes quiet and never floods its log.
+
+    A plain log line rather than a progress bar: the job's output is usually a file (a bar's carriage returns make
+    one unreadable line there)."""
+
+    def __init__(self, what: str, total: int, every_s: float = 20.0, clock: Callable[[], float] = time.perf_counter,
+                 log: Callable[..., None] = logging.info):
+        self.what, self.total, self.every_s, self.clock, self.log = what, total, every_s, clock, log
+        self.done, self.started = 0, clock()
+        self.logged_at = self.started
+
+    def step(self, units: int = 1) -> None:
+        self.done += units
+        now = self.clock()
+        if now - self.logged_at < self.every_s and self.done < self.total:
+            return
+        self.logged_at = now
+        elapsed = now - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        self.log("%s: %d/%d done, %.0fs elapsed, about %.0fs left", self.what, self.done, self.total, elapsed,
+                 max(left, 0.0))
