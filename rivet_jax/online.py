@@ -237,7 +237,8 @@ class RunChunks:
     and out of a stacked step there costs more than the update itself; idle chunks are skipped)."""
 
     def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch], mesh):
-        size = {0: len(runs), None: 1}.get(runs_vmapped(runs[0].config), runs_vmapped(runs[0].config))
+        vmapped = runs_vmapped(runs[0].config)  # 0: all of them; None: one at a time
+        size = len(runs) if vmapped == 0 else vmapped or 1
         self.members = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
         self.states = [stack([states[r] for r in m]) for m in self.members]
         self.replays = [stack([replays[r] for r in m]) for m in self.members]
@@ -283,16 +284,16 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
         groups = [RouterGroup(s.params, first.pool, first.encoder, config, cards) for s in chunks.states]
         return [make(groups[chunks.where(r)[0]], chunks.where(r)[1]) for r in rs]
 
-    def validate(members_: list[int]) -> None:
-        point = runs[members_[0]].progress.trajectories
-        policies = members(GroupMember, members_)
+    def validate(validating: list[int]) -> None:
+        point = runs[validating[0]].progress.trajectories
+        policies = members(GroupMember, validating)
         val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,
                                       config.online.eval_seed)
         test = None
         if point in config.online.curve_points:
             test = evaluation.rollout_each(env, policies, config.online.test_split, config.online.eval_rollouts,
                                            config.online.eval_seed)
-        for k, r in enumerate(members_):
+        for k, r in enumerate(validating):
             run, progress = runs[r], runs[r].progress
             scores = run.metrics(val[k])
             record = {"trajectories": point, **{f"val_{key}": v for key, v in scores.items()}}
@@ -307,17 +308,17 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
             else:
                 progress.since_best += 1
             progress.validations.append(record)
-            if len(members_) == 1:
+            if len(validating) == 1:
                 logging.info("online: %d trajectories, validation J %.4f acc %.3f cost %.4f%s", point,
                              scores["return"], scores["accuracy"], scores["cost"],
                              " (best)" if improved else f" (no improvement {progress.since_best}x)")
             if on_validation is not None:
                 on_validation(record)
-        if len(members_) > 1:
-            returns = [runs[r].progress.validations[-1]["val_return"] for r in members_]
+        if len(validating) > 1:
+            returns = [runs[r].progress.validations[-1]["val_return"] for r in validating]
             logging.info("online: %d trajectories, %d runs in lockstep: validation J %.4f (%.4f-%.4f), %d improved",
-                         point, len(members_), np.mean(returns), min(returns), max(returns),
-                         sum(runs[r].progress.since_best == 0 for r in members_))
+                         point, len(validating), np.mean(returns), min(returns), max(returns),
+                         sum(runs[r].progress.since_best == 0 for r in validating))
 
     active = [r for r, run in enumerate(runs) if not run.progress.finished]
     if active and not runs[active[0]].progress.validations:
