@@ -7,6 +7,7 @@ Every stage (MC, TD, online) steps its state through `make_update`; the epoch en
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -115,6 +116,11 @@ def shape_signature(config) -> str:
     """Everything in `config` but `VALUE_KEYS`: runs with equal signatures can train as one program."""
     settings = {k: v for k, v in _flat(config.to_dict()).items() if k not in VALUE_KEYS}
     return json.dumps(settings, sort_keys=True, default=str)
+
+
+def grouped(items: Sequence, key: Callable) -> list[list]:
+    """`items` split into the lists that share `key(item)` (e.g. a shape signature and a resume point)."""
+    return [list(group) for _, group in itertools.groupby(sorted(items, key=key), key=key)]
 
 
 def runs_vmapped(config) -> int | None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import json
 import time
 from pathlib import Path
@@ -39,9 +38,9 @@ from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import GroupMember, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.learner import (RunValues, TrainState, from_saveable, init_train_state, make_optimizer, make_update,
-                               run_values, runs_vmapped, saveable, shape_signature, stack, template_state,
-                               unstack, with_run_rewards)
+from rivet_jax.learner import (RunValues, TrainState, from_saveable, grouped, init_train_state, make_optimizer,
+                               make_update, run_values, runs_vmapped, saveable, shape_signature, stack,
+                               template_state, unstack, with_run_rewards)
 from rivet_jax.networks import make_network
 from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
@@ -263,10 +262,10 @@ class RunChunks:
 
 
 def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch],
-                   num_new: np.ndarray, env, on_validation: Callable[[dict], None] | None = None) -> None:
-    """Steps `runs` (same shape signature and trajectory count) to their ends."""
+                   num_new: np.ndarray, env, net, tx, on_validation: Callable[[dict], None] | None = None) -> None:
+    """Steps `runs` (same shape signature and trajectory count; `net` and `tx` their network and optimizer) to
+    their ends."""
     config, first = runs[0].config, runs[0].prepared
-    net, tx = make_network(config), make_optimizer(config, learning_rate=config.online.lr)
     mesh = sharding.make_mesh(config.devices)
     sharding.check_divisible(config.optim.batch_size, mesh)
     logged = first.data
@@ -393,13 +392,11 @@ def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
             config, learning_rate=config.online.lr)))
         template = template_state(config, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
         opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
-    key = lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)
     pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
-    for _, members in itertools.groupby(sorted(pending, key=key), key=key):
-        members = list(members)
+    for members in grouped(pending, key=lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)):
         adapt_together([opened[i][1] for i in members], [opened[i][2] for i in members],
                        [opened[i][3] for i in members], np.array([opened[i][4] for i in members]), env,
-                       on_validation)
+                       *learners[shape_signature(configs[members[0]])], on_validation)
     for _, run, *_ in opened:
         (run.workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
                                                       encoding="utf-8")

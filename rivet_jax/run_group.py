@@ -21,7 +21,6 @@ lockstep (`online.run_online_group`: one batched rollout per trajectory, the upd
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -33,7 +32,7 @@ from absl import logging
 
 from rivet_jax import online, sharding, train
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
-from rivet_jax.learner import (RunValues, TrainState, make_optimizer, make_update, run_values, runs_vmapped,
+from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
                                shape_signature, stack, unstack, with_run_rewards)
 from rivet_jax.networks import RivetNet, make_network
 
@@ -91,8 +90,7 @@ def offline_groups(runs: Sequence[train.StageRun]) -> list[list[train.StageRun]]
     """`runs` of one stage split into what can step together: same shape signature and resume epoch (a kill
     between two runs' saves leaves them an epoch apart), finished runs left out."""
     pending = [run for run in runs if run.resume_epoch() < run.epochs]
-    key = lambda run: (shape_signature(run.config), run.resume_epoch())
-    return [list(group) for _, group in itertools.groupby(sorted(pending, key=key), key=key)]
+    return grouped(pending, key=lambda run: (shape_signature(run.config), run.resume_epoch()))
 
 
 def prepare_all(configs: Sequence, workdirs: Sequence[Path]) -> list[PreparedData]:
@@ -128,8 +126,6 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
         for run in runs:
             run.close()
     adapting = [i for i in range(len(configs)) if "online" in stages[i]]
-    key = lambda i: shape_signature(configs[i])
-    for _, members in itertools.groupby(sorted(adapting, key=key), key=key):
-        members = list(members)
+    for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
         online.run_online_group([configs[i] for i in members], [workdirs[i] for i in members],
                                 online.online_env(configs[members[0]]), [prepared[i] for i in members])
