@@ -288,15 +288,15 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
         policies = members(GroupMember, validating)
         val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,
                                       config.online.eval_seed)
-        test = None
-        if point in config.online.curve_points:
-            test = evaluation.rollout_each(env, policies, config.online.test_split, config.online.eval_rollouts,
-                                           config.online.eval_seed)
+        curving = [k for k, r in enumerate(validating) if point in runs[r].config.online.curve_points]
+        tests = evaluation.rollout_each(env, [policies[k] for k in curving], config.online.test_split,
+                                        config.online.eval_rollouts, config.online.eval_seed) if curving else []
+        test = dict(zip(curving, tests))  # only the runs that draw a learning curve pay for its test rollouts
         for k, r in enumerate(validating):
             run, progress = runs[r], runs[r].progress
             scores = run.metrics(val[k])
             record = {"trajectories": point, **{f"val_{key}": v for key, v in scores.items()}}
-            if test is not None:
+            if k in test:
                 curve = run.metrics(test[k])
                 progress.curve.append({"trajectories": point, **curve})
                 record.update({f"test_{key}": v for key, v in curve.items()})

@@ -14,9 +14,10 @@ from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
 
 
-# Every kind of value a group varies: the seed, both loss weights, the response ablation and lambda.
+# Every kind of value a group varies: the seed, both loss weights, the response ablation, lambda and whether the
+# run draws a learning curve.
 VARIANTS = [{"seed": 0}, {"seed": 1, "loss.alpha": 0.0}, {"seed": 2, "loss.beta": 0.5, "loss.zero_response": True},
-            {"seed": 0, "reward.lam": 0.5}]
+            {"seed": 0, "reward.lam": 0.5, "online.curve_points": ()}]
 
 
 def saved_params(config, workdir, stage):
@@ -80,6 +81,10 @@ def test_group_run_equals_its_solo_run(group_and_solo, i):
                                                                         len(want["curve"]))
     np.testing.assert_allclose([v["val_return"] for v in got["validations"]],
                                [v["val_return"] for v in want["validations"]], rtol=1e-6)
+    np.testing.assert_allclose([p["accuracy"] for p in got["curve"]], [p["accuracy"] for p in want["curve"]])
+    # A run without curve points skips the test rollouts; the others draw one point per curve point they reached.
+    reached = [p for p in configs[i].online.curve_points if p <= got["trajectories"]]
+    assert [p["trajectories"] for p in got["curve"]] == reached
 
 
 @pytest.mark.parametrize("stage", ["mc", "td"])

@@ -392,8 +392,10 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     episodes_path, cards_path = corpus_files(corpus)
 
     other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
-    variants = {"rivet": ({}, "all"), **{name: (overrides, "all") for name, overrides in ABLATIONS.items()},
-                **{f"lambda_{x}": ({"reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
+    no_curve = {"online.curve_points": ()}  # Figure 4 is the main runs' curve: the others skip its test rollouts
+    variants = {"rivet": ({}, "all"),
+                **{name: ({**overrides, **no_curve}, "all") for name, overrides in ABLATIONS.items()},
+                **{f"lambda_{x}": ({"reward.lam": x, **no_curve}, rp.sweep_stage) for x in other_lambdas}}
     log(f"train RIVET, its ablations and the lambda sweep: {len(variants)} variants x {len(rp.seeds)} seeds, the "
         f"offline stages of all runs together (vmapped), then each online stage", 2)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
