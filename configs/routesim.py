@@ -35,6 +35,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.evaluate.rollouts_per_task = 4  # Monte Carlo rollouts of a learned router per test task
     config.evaluate.seed = 1
 
+    # launch.diagnose: learned Q_route against the exact Q* (rivet_jax/experiments/diagnostics.py)
+    config.diagnose = ml_collections.ConfigDict()
+    config.diagnose.split = "validation"     # where the router's own states are visited (never test: choices use it)
+    config.diagnose.rollouts = 1
+    config.diagnose.seed = 0
+    config.diagnose.max_logged_states = 2000  # logged states sampled from the corpus (the same for every router)
+
     # launch.reproduce: the paper's experiments (rivet_jax/experiments.py).
     config.reproduce = ml_collections.ConfigDict()
     config.reproduce.seeds = (42, 43, 44)          # every RIVET number is a mean over these
@@ -61,4 +68,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                 if split in family:
                     family[split] = min(family[split], 2)
         config.evaluate.rollouts_per_task = 1
+        config.diagnose.max_logged_states = 200
     return config

@@ -155,13 +155,26 @@ def test_routing_trades_success_against_cost(router):
         model, propensity = router.act(Task("x", task), history, POOL.names, np.random.default_rng(0))
         assert propensity == 1.0
         picks[group].add(model)
-    # Mean episode cost 2.4. Equal success (0.8): the cheaper first model, Q 0.8 - 0.5 * 0.75 vs 0.8 - 0.5 * 1.58.
+    # Cost in Q is remaining dollars / c_ref = normalised cost_hat x 2.4 (mean episode cost) / 2.0 (mean per-turn
+    # cost, 384 dollars over 192 turns). Equal success (0.8): the cheaper first model, Q 0.8 - 0.5 * 1.8 / 2 vs
+    # 0.8 - 0.5 * 3.8 / 2.
     assert picks["easy-first"] == {"cheap"}
-    # After the error only dear recovers, and it is worth its cost: Q 0 - 0.5 * 0.42 vs 1 - 0.5 * 1.25.
+    # After the error only dear recovers, and it is worth its cost: Q 0 - 0.5 * 1 / 2 vs 1 - 0.5 * 3 / 2.
     assert picks["error"] == {"dear"}
-    # Hard tasks (0.4 vs 0.8 success): dear at lam 0 (see below), cheap once cost weighs more, Q -0.43 vs -1.7.
+    # Hard tasks (0.4 vs 0.8 success): dear at lam 0 (see below), cheap once cost weighs more, Q -0.6 vs -2.2.
     q = router.with_lam(2.0).scores([pair for group, pair in states() if group == "hard-first"])
     assert (np.argmax(q, axis=1) == POOL.index("cheap")).all()
+
+
+def test_cost_is_priced_in_units_of_c_ref_like_every_other_router(router, corpus):
+    """lambda buys the same thing for every router: Q = score_hat - lam x expected remaining dollars / c_ref, with
+    c_ref the corpus' mean per-turn cost (RIVET's Eq. 1 and the single-turn routers' utility)."""
+    assert router.c_ref == pytest.approx(384 / 192)
+    _, pairs = zip(*states())
+    prob, cost = router.predict(list(pairs))
+    np.testing.assert_allclose(router.scores(list(pairs)), prob - 0.5 * cost * mean_episode_cost(corpus) / 2.0,
+                               rtol=1e-6)
+    assert MTRouter.fit(corpus, POOL, store(), lam=0.5, c_ref=7.0, **{**FIT, "epochs": 1}).c_ref == 7.0
 
 
 def test_lam_zero_ignores_cost(router):

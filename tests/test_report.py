@@ -55,6 +55,12 @@ def experiments() -> dict[str, list[dict]]:
         "unavailability": unavailability, "interventions": interventions, "post_error": post_error,
         "stage_preferences": [{"router": n, "stage": stage, "turns": 10, **{m: 1 / len(MODELS) for m in MODELS}}
                               for n in LEARNED for stage in ("Analyze", "Solve", "Submit")],
+        "diagnostics": [{"router": n, "stage": stage, "states_of": where, "seeds": 2, "states": 50, "rmse": 0.2,
+                         "bias": -0.1, "argmax_agreement": 0.5, "value_lost": 0.02, "q_spread": 0.3,
+                         "q_star_spread": 0.2, "same_as_previous": 0.6, "same_as_previous_oracle": 0.3,
+                         "value_lost_by_turn": [0.01, 0.02, float("nan")],
+                         **({"same_as_logged": 0.4, "same_as_logged_oracle": 0.13} if where == "logged" else {})}
+                        for n in (MAIN, "w/o CQL") for stage in ("td", "online") for where in ("logged", "visited")],
     }
 
 
@@ -155,7 +161,9 @@ def test_one_colour_per_router_in_every_figure(tmp_path):
         labels = figure_colours(fig)
         assert labels or name == "stage_preferences", name
         for label, drawn_in in labels.items():
-            router = label if label in colours else f"RIVET Online: {label}"  # Table 3 labels its policies
+            # Table 3 labels its policies ("Stay"), the diagnostics a router's stages ("RIVET (ours): td")
+            router = label if label in colours else label.split(": ")[0] if label.split(": ")[0] in colours \
+                else f"RIVET Online: {label}"
             assert drawn_in == {to_rgba(colours[router])}, (name, label)
             seen.setdefault(colours[router], set()).add(router.split(": ")[0])
     assert set().union(*seen.values()) == {r["router"].split(": ")[0] for rows in exps.values() for r in rows}

@@ -12,8 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
 PLOTTED = ("table2", "lambda_sweep", "online_curve", "unavailability", "interventions", "scatter", "post_error",
-           "stage_preferences")  # every section but Table 1, whose figure is the scatter
-BASELINES = {"MTRouter", "Weighted kNN", "Avengers-Pro", "EmbedLLM", "RouterDC"}
+           "stage_preferences", "diagnostics")  # every section but Table 1, whose figure is the scatter
+BASELINES = {"Best fixed (train)", "MTRouter", "Weighted kNN", "Avengers-Pro", "EmbedLLM", "RouterDC"}
 FIXED = {"fixed:apex-flash", "fixed:apex-pro", "fixed:llama-70b", "fixed:mini-4o", "fixed:quill-9b",
          "fixed:quill-plus"}
 
@@ -39,7 +39,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         assert all(int(done) <= int(total) for done, total in counts)
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
-                                "interventions", "scatter", "post_error", "stage_preferences"}
+                                "interventions", "scatter", "post_error", "stage_preferences", "diagnostics"}
 
     table1 = experiments["table1"]["rows"]
     for split in ("test", "ood:musique", "ood:drop", "ood:mmlu_pro"):
@@ -81,9 +81,14 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     for r in stages:  # each stage's shares sum to 1 wherever the router has turns of that stage
         shares = [v for k, v in r.items() if k.startswith(tuple(m[len("fixed:"):] for m in FIXED))]
         assert len(shares) == len(FIXED) and (r["turns"] == 0 or abs(sum(shares) - 1) < 1e-9)
+    diagnosed = experiments["diagnostics"]["rows"]
+    assert {(r["router"], r["stage"], r["states_of"]) for r in diagnosed} == {
+        (router, stage, where) for router in ("RIVET (ours)", "w/o CQL") for stage in ("td", "online")
+        for where in ("logged", "visited")}
+    assert all(r["seeds"] == 2 and r["value_lost"] >= 0 for r in diagnosed)
     report = (workdir / "report.md").read_text()
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
-                  "Figure 5"):
+                  "Figure 5", "Q* diagnostics"):
         assert title in report
     for plot in PLOTTED:
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000

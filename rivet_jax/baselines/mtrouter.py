@@ -3,7 +3,7 @@
     z(s, m)          = a(h_t, g(e_m, x_m, mask))         RIVET's card projector + state adapter, own parameters
     score_hat(s, m)  = sigmoid(f_score(z(s, m)))         P(the episode succeeds | call m now), BCE on the outcome y
     cost_hat(s, m)   = f_cost(z(s, m))                   cost from this turn to the end / mean episode cost, MSE
-    Q(s, m)          = score_hat(s, m) - lambda cost_hat(s, m)
+    Q(s, m)          = score_hat(s, m) - lambda cost_hat(s, m) x mean episode cost / c_ref
     route            = argmax_{m available} Q(s, m), at every turn
 
 Plain supervised regression on the logged transitions: each logged turn is one example with the model actually
@@ -12,7 +12,10 @@ There is no bootstrapping, no response head and no CQL, so value is not propagat
 learn what followed under the logging policy's continuation. h_t is the frozen encoder over RIVET's state text
 (`serialize_state`: task + history, no model names), so the two routers see the same inputs.
 
-lambda enters only at routing time, so one fit serves every lambda (`with_lam`).
+lambda enters only at routing time, so one fit serves every lambda (`with_lam`). The cost term is in units of c_ref
+(the corpus' mean per-turn cost, as in every other router's utility and in RIVET's reward, Eq. 1), so lambda means
+the same price of a dollar for every router; the estimator regresses the normalised cost only to keep its target of
+order one.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import numpy as np
 import optax
 
 from rivet_jax.data.cards import card_features
-from rivet_jax.data.replay import Replay, build_replay
+from rivet_jax.data.replay import Replay, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
@@ -168,19 +171,21 @@ def _fit_data(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStor
 
 
 class MTRouter:
-    """A `Policy`: at every turn the available model with the largest score_hat - lam * cost_hat."""
+    """A `Policy`: at every turn the available model with the largest score_hat - lam * cost_hat (in c_ref units)."""
 
     name = "mtrouter"
 
     def __init__(self, net: MTRouterNet, params: Any, pool: ModelPool, encoder: Encoder,
                  card_embeddings: np.ndarray, *, lam: float, count_tokens: TokenCounter,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, episode_cost: float = 1.0, history: Sequence[dict] = ()):
+                 max_tokens: int = DEFAULT_MAX_TOKENS, episode_cost: float = 1.0, c_ref: float = 1.0,
+                 history: Sequence[dict] = ()):
         self.pool = pool
         self.encoder = encoder
         self.lam = float(lam)
         self.count_tokens = count_tokens
         self.max_tokens = max_tokens
         self.episode_cost = episode_cost  # USD per unit of cost_hat: the training corpus' mean episode cost
+        self.c_ref = c_ref                # USD per unit of cost in Q: the reference cost of Eq. 1
         self.history = list(history)      # per-epoch mean losses of the fit
         self.params = params
         self._net = net
@@ -191,10 +196,12 @@ class MTRouter:
     def fit(cls, episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, *, lam: float,
             count_tokens: TokenCounter | None = None, max_tokens: int = DEFAULT_MAX_TOKENS, hidden: int = 128,
             card_dim: int = 128, head_hidden: int = 64, epochs: int = 20, batch_size: int = 64, lr: float = 3e-4,
-            weight_decay: float = 0.01, clip_norm: float = 5.0, seed: int = 42) -> "MTRouter":
+            weight_decay: float = 0.01, clip_norm: float = 5.0, seed: int = 42,
+            c_ref: float | None = None) -> "MTRouter":
         """Fits both estimators on every logged turn of `episodes`; `count_tokens` defaults to the store's encoder.
 
-        `lam` is only stored for routing: the fit itself does not depend on it.
+        `lam` and `c_ref` (default: the corpus' mean per-turn cost, `data.replay.reference_cost`) are only stored
+        for routing: the fit itself depends on neither.
         """
         count_tokens = count_tokens or store.encoder.count_tokens
         data, scale = _fit_data(episodes, pool, store, count_tokens, max_tokens)
@@ -213,7 +220,8 @@ class MTRouter:
                 raise NonFiniteLossError(f"mtrouter: non-finite loss {record['loss']} in epoch {epoch + 1}")
             history.append(record)
         return cls(net, state.params, pool, store.encoder, np.asarray(data.cards()[0]), lam=lam,
-                   count_tokens=count_tokens, max_tokens=max_tokens, episode_cost=scale, history=history)
+                   count_tokens=count_tokens, max_tokens=max_tokens, episode_cost=scale,
+                   c_ref=reference_cost(episodes) if c_ref is None else c_ref, history=history)
 
     def with_lam(self, lam: float) -> "MTRouter":
         """The same estimators routing with another cost coefficient (no refit needed)."""
@@ -241,9 +249,10 @@ class MTRouter:
         return self.predict_from_embeddings(self.encoder.encode(texts))
 
     def scores(self, states: Sequence[State], available: Sequence[Sequence[str] | None] | None = None) -> np.ndarray:
-        """Q (B, M) = score_hat - lam * cost_hat, -inf for unavailable models; one availability list per state."""
+        """Q (B, M) = score_hat - lam * cost_hat in units of c_ref, -inf for unavailable models; one availability
+        list per state."""
         prob, cost = self.predict(states)
-        q = prob - self.lam * cost
+        q = prob - self.lam * cost * (self.episode_cost / self.c_ref)
         if available is not None:
             mask = np.stack([self.available_mask(a) for a in available])
             q = np.where(mask, q, -np.inf)

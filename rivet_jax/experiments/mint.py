@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
 from rivet_jax.data.mint import convert_mint, load_manifest
@@ -237,7 +238,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
     mtrouter = MTRouter.fit(train_eps, data.pool, store, lam=config.reward.lam, max_tokens=config.max_state_tokens,
-                            epochs=exp.mtrouter_epochs, seed=config.seed)
+                            epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
+    best_fixed = BestFixedRouter.fit(train_eps, data.pool, config.reward.lam, config.reward.gamma, data.c_ref).model
     choosers: dict[str, list[Callable[[str], str]]] = {}  # router -> its choice per seed, for the trace analyses
     for m in data.pool.names:
         choosers[f"fixed:{m}"] = [lambda t, m=m: m]
@@ -247,9 +249,10 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     choosers["oracle (per task)"] = [lambda t: oracle_choice(data, t)]
     choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.pool.names)]
     choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0]]
-    committed_rows += [{"router": name, "encoder": "" if name.startswith("oracle") else encoder_name,
+    choosers[BEST_FIXED] = [lambda t: best_fixed]
+    committed_rows += [{"router": name, "encoder": encoder_name if name in ("Weighted kNN", "MTRouter-style") else "",
                         **committed(data, choosers[name][0], reference)}
-                       for name in ("oracle (per task)", "Weighted kNN", "MTRouter-style")]
+                       for name in ("oracle (per task)", BEST_FIXED, "Weighted kNN", "MTRouter-style")]
     named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers

@@ -157,7 +157,7 @@ def with_colours(plots: dict[str, Callable], colours: dict[str, str]) -> dict[st
     return {name: functools.partial(plot, colours=colours) for name, plot in plots.items()}
 
 
-def _palette(rows: list[dict], colours: dict[str, str] | None) -> dict[str, str]:
+def completed_palette(rows: list[dict], colours: dict[str, str] | None) -> dict[str, str]:
     """`colours`, completed for any router of `rows` it lacks (a figure drawn on its own)."""
     return {**router_colours(r["router"] for r in rows), **(colours or {})}
 
@@ -217,7 +217,7 @@ def _with_rel_sd(rows: list[dict]) -> list[dict]:
 
 
 def plot_lambda_sweep(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(10, 3.8))
     axes = fig.subplots(1, 2)
     lams = sorted({r["lambda"] for r in rows})
@@ -240,7 +240,7 @@ def plot_lambda_sweep(rows: list[dict], path: Path, colours: dict | None = None)
 def plot_online_curve(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Accuracy and cost side by side (not on twin axes) against the integer trajectory counts; a point fewer seeds
     reached (runs that stopped early) is marked with its count."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(10, 3.8))
     axes = fig.subplots(1, 2)
     most = max((r.get("seeds", 1) for r in rows), default=1)
@@ -265,7 +265,7 @@ def plot_online_curve(rows: list[dict], path: Path, colours: dict | None = None)
 def plot_scatter(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """One panel per split (its points with error bars over seeds; the oracle frontier where the rows have one), one
     legend for all: no text on the points, so nothing overlaps however close two routers are."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     splits = list(dict.fromkeys(r["split"] for r in rows))
     cols = min(len(splits), 2)
     fig = Figure(figsize=(5 * cols + 2, 4 * -(-len(splits) // cols)))
@@ -294,7 +294,7 @@ def plot_scatter(rows: list[dict], path: Path, colours: dict | None = None) -> F
 
 def plot_ablations(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Table 2: accuracy and cost of each configuration, ± sd over seeds."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(9, 3.8))
     axes = fig.subplots(1, 2)
     for ax, key, label in zip(axes, ("accuracy", "cost_usd"), ("test accuracy", "total test cost ($)")):
@@ -306,7 +306,7 @@ def plot_ablations(rows: list[dict], path: Path, colours: dict | None = None) ->
 
 def plot_unavailability(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Table 5: accuracy and cost relative to RIVET Online, a cluster of bars per reduced pool."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(12, 6.5))
     axes = fig.subplots(2, 1)
     for ax, key, label in zip(axes, ("accuracy", "cost_rel"), ("test accuracy", "cost rel. to RIVET Online (log)")):
@@ -321,7 +321,7 @@ def plot_unavailability(rows: list[dict], path: Path, colours: dict | None = Non
 
 def plot_interventions(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Table 3: per group, the original episodes (solid) beside the intervention (hatched), all RIVET Online's."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(9, 3.8))
     axes = fig.subplots(1, 2)
 
@@ -341,7 +341,7 @@ def plot_interventions(rows: list[dict], path: Path, colours: dict | None = None
 
 def plot_post_error(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Table 7: error-event rate, switch rate after an error and next-turn recovery, one bar per router."""
-    colours = _palette(rows, colours)
+    colours = completed_palette(rows, colours)
     fig = Figure(figsize=(13, 3.8))
     axes = fig.subplots(1, 3)
     for ax, key, label in zip(axes, ("error_event_rate", "switch_rate", "next_turn_recovery"),

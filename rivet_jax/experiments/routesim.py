@@ -9,7 +9,8 @@ Phases, each resumable inside one workdir:
   3. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
   4. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
      (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter,
-     Tables 6-7 (routing after execution errors) and Table 8 / Figure 5 (model selection per turn stage)
+     Tables 6-7 (routing after execution errors), Table 8 / Figure 5 (model selection per turn stage) and the Q*
+     diagnostics of RIVET and w/o CQL (experiments/diagnostics.py)
   5. write <workdir>/report.md (tables, embedded plots), results.json, results/<experiment>.{csv,json,png}
 
 RIVET numbers are the mean and standard deviation over `config.reproduce.seeds`; fixed models, the random router
@@ -29,6 +30,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import evaluation, online, train
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import (ClusterRouter, ContrastiveRouter, KNNRouter,
                                              MatrixFactorizationRouter)
@@ -39,8 +41,8 @@ from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import report, traces
-from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_variants, with_overrides
+from rivet_jax.experiments import diagnostics, report, traces
+from rivet_jax.experiments.common import MAIN, Progress, check_same_config, slug, train_variants, with_overrides
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -245,6 +247,17 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
     return rows
 
 
+def q_star_diagnostics(config: ml_collections.ConfigDict, sim, logged: Sequence, dirs: dict[str, list[Path]],
+                       variants: Sequence[str] = ("rivet", "w/o CQL")) -> list[dict]:
+    """Q_route of `variants` (TD and online checkpoints) against the exact Q*, on logged states and on their own
+    rollouts on `config.diagnose.split`; mean ± sd over seeds (rivet_jax/experiments/diagnostics.py)."""
+    routers = [({"run": f"{d.parent.name}/{d.name}", "stage": stage}, Router.from_checkpoint(d, stage=stage))
+               for name in variants for d in dirs[name] for stage in ("td", "online")]
+    d = config.diagnose
+    rows = diagnostics.diagnose(sim, routers, logged, d.split, d.rollouts, d.seed, d.max_logged_states)
+    return diagnostics.over_seeds(rows, {slug(name): MAIN if name == "rivet" else name for name in variants})
+
+
 def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
     """Every router's (cost, accuracy) on each Table 1 split, RIVET's with its spread over seeds, and the oracle's
     frontier over lambda on the test manifest only (an exact DP per lambda: the expensive part)."""
@@ -298,13 +311,16 @@ TABLES = {
     "interventions": ("Table 3: stay / switch interventions (cost relative to Original within each group)",
                       [("group", "episodes where RIVET", -1), ("router", "policy", -1), ("episodes", "episodes", -1),
                        ("successes", "successes", -1), ("accuracy", "accuracy", 3), ("cost_rel", "cost rel.", 3)]),
+    "diagnostics": ("Q* diagnostics: learned Q_route against RouteSim's exact Q*",
+                    [("router", "router", -1)] + diagnostics.COLUMNS[1:3] + diagnostics.COLUMNS[4:]),
 }
 PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep,
          "online_curve": report.plot_online_curve, "unavailability": report.plot_unavailability,
          "interventions": report.plot_interventions, "scatter": report.plot_scatter,
-         "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences}
+         "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences,
+         "diagnostics": diagnostics.plot}
 REPORT_ORDER = ("table1", "scatter", "table2", "lambda_sweep", "online_curve", "unavailability", "interventions",
-                "post_error", "stage_preferences")  # each table's figure next to it: the scatter is Table 1's
+                "post_error", "stage_preferences", "diagnostics")  # each table's figure next to it: the scatter is Table 1's
 
 
 def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test_tasks: int) -> dict[str, str]:
@@ -358,6 +374,14 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                        f"one)."),
         "stage_preferences": ("The same pooled traces as Table 7; each model in the colour of its fixed-model router "
                               "in the other figures."),
+        "diagnostics": (f"Q_route of each run's TD and online checkpoints against the exact Q*(s, m) (RouteSim's DP at "
+                        f"the run's lambda, gamma and c_ref), mean ± sd over the {seeds} seeds. `logged`: "
+                        f"{config.diagnose.max_logged_states} states sampled from the logged corpus (what the loss "
+                        f"saw); `visited`: the router's own rollouts on '{config.diagnose.split}' "
+                        f"({config.diagnose.rollouts} per task). Value lost = V*(s) - Q*(s, the router's choice), the "
+                        f"return a decision gives up; `= logged`: the share of choices that repeat the model logged "
+                        f"at that state (the oracle's share beside it), `= previous`: that repeat the model of the "
+                        f"previous turn. The figure plots value lost by turn (visited states) and `= logged`."),
     }
 
 
@@ -368,8 +392,10 @@ def fit_baselines(config, episodes, pool, store: EmbeddingStore, lam: float, c_r
     b = config.baselines
     encoder = store.encoder
     return {
+        BEST_FIXED: BestFixedRouter.fit(episodes, pool, lam, config.reward.gamma, c_ref),
         "MTRouter": MTRouter.fit(episodes, pool, store, lam=lam, count_tokens=encoder.count_tokens,
-                                 max_tokens=config.max_state_tokens, epochs=b.mtrouter_epochs, seed=config.seed),
+                                 max_tokens=config.max_state_tokens, epochs=b.mtrouter_epochs, seed=config.seed,
+                                 c_ref=c_ref),
         "Weighted kNN": KNNRouter.fit(episodes, pool, store, lam, c_ref, k=b.knn_k),
         "Avengers-Pro": ClusterRouter.fit(episodes, pool, store, lam, c_ref, clusters=b.clusters, seed=config.seed),
         "EmbedLLM": MatrixFactorizationRouter.fit(episodes, pool, store, lam, c_ref, seed=config.seed),
@@ -436,6 +462,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["post_error"] = post_error(ev)
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
+    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, dirs)
+    log("Q* diagnostics done")
 
     log("write the report", 5)
     meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
