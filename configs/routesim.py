@@ -35,6 +35,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.evaluate.rollouts_per_task = 4  # Monte Carlo rollouts of a learned router per test task
     config.evaluate.seed = 1
 
+    # launch.reproduce chooses the CQL weight on validation (rivet_jax/experiments/selection.py, which says why 16
+    # rollouts); enabled = False keeps loss.alpha (the paper's fixed settings). 0 and loss.alpha are always trained.
+    config.select = ml_collections.ConfigDict()
+    config.select.enabled = True
+    config.select.alphas = (0.0, 0.01, 0.1)
+    config.select.split = "validation"
+    config.select.rollouts = 16
+    config.select.seed = 2
+
     # launch.diagnose: learned Q_route against the exact Q* (rivet_jax/experiments/diagnostics.py)
     config.diagnose = ml_collections.ConfigDict()
     config.diagnose.split = "validation"     # where the router's own states are visited (never test: choices use it)
@@ -69,4 +78,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                     family[split] = min(family[split], 2)
         config.evaluate.rollouts_per_task = 1
         config.diagnose.max_logged_states = 200
+        config.select.alphas = (0.0, 0.1)
+        config.select.rollouts = 2
     return config

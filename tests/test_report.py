@@ -7,7 +7,7 @@ import math
 import pytest
 from matplotlib.colors import to_rgba
 
-from rivet_jax.experiments import report, routesim
+from rivet_jax.experiments import report, routesim_report
 from rivet_jax.experiments.common import MAIN
 
 MODELS = ["a-pro", "b-mini", "c-9b"]
@@ -55,6 +55,9 @@ def experiments() -> dict[str, list[dict]]:
         "unavailability": unavailability, "interventions": interventions, "post_error": post_error,
         "stage_preferences": [{"router": n, "stage": stage, "turns": 10, **{m: 1 / len(MODELS) for m in MODELS}}
                               for n in LEARNED for stage in ("Analyze", "Solve", "Submit")],
+        "selection": [{"alpha": a, "router": n, "seeds": 2, "val_return": 0.6 + a, "val_return_sd": 0.02,
+                       "per_seed": [0.58 + a, 0.62 + a], "chosen": n == MAIN, "paper": a == 0.1}
+                      for a, n in ((0.0, "w/o CQL"), (0.01, MAIN), (0.1, "RIVET (paper: alpha=0.1)"))],
         "diagnostics": [{"router": n, "stage": stage, "states_of": where, "seeds": 2, "states": 50, "rmse": 0.2,
                          "bias": -0.1, "argmax_agreement": 0.5, "value_lost": 0.02, "q_spread": 0.3,
                          "q_star_spread": 0.2, "same_as_previous": 0.6, "same_as_previous_oracle": 0.3,
@@ -65,7 +68,7 @@ def experiments() -> dict[str, list[dict]]:
 
 
 def tables() -> dict:
-    return {**routesim.TABLES, "post_error": report.post_error_section("synthetic traces"),
+    return {**routesim_report.TABLES, "post_error": report.post_error_section("synthetic traces"),
             "stage_preferences": report.stage_section("synthetic traces", MODELS)}
 
 
@@ -98,8 +101,8 @@ def written(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("report")
     exps = experiments()
     notes = {name: f"NOTE({name})" for name in exps}
-    text = report.write_outputs(workdir, {n: exps[n] for n in routesim.REPORT_ORDER}, {"summary": "synthetic"},
-                                "Synthetic", tables(), report.with_colours(routesim.PLOTS, palette(exps)), notes)
+    text = report.write_outputs(workdir, {n: exps[n] for n in routesim_report.REPORT_ORDER}, {"summary": "synthetic"},
+                                "Synthetic", tables(), report.with_colours(routesim_report.PLOTS, palette(exps)), notes)
     return workdir, exps, text
 
 
@@ -118,20 +121,20 @@ def test_table1_is_one_table_per_split_test_first(written):
 
 def test_every_plotted_section_has_its_figure_then_note_then_table(written):
     workdir, exps, text = written
-    assert set(routesim.REPORT_ORDER) == set(exps)
+    assert set(routesim_report.REPORT_ORDER) == set(exps)
     for name in exps:
         png = workdir / "results" / f"{name}.png"
-        assert (name in routesim.PLOTS) == png.exists(), name
+        assert (name in routesim_report.PLOTS) == png.exists(), name
         heading = tables()[name][0]
         body = section(text, heading)
         note = body.index(f"NOTE({name})")
         assert note < body.index("\n|")  # the note reads before the table
-        if name in routesim.PLOTS:
+        if name in routesim_report.PLOTS:
             assert png.stat().st_size > 10_000
             assert body.index(f"![{name}](results/{name}.png)") < note
     # only Table 1 lacks a figure of its own, and its figure (the scatter) is the next section
-    assert [n for n in routesim.REPORT_ORDER if n not in routesim.PLOTS] == ["table1"]
-    assert routesim.REPORT_ORDER[:2] == ("table1", "scatter")
+    assert [n for n in routesim_report.REPORT_ORDER if n not in routesim_report.PLOTS] == ["table1"]
+    assert routesim_report.REPORT_ORDER[:2] == ("table1", "scatter")
     scatter = markdown_tables(section(text, tables()["scatter"][0]))
     assert [cells[0] for _, body in scatter for cells in body] == [report.FRONTIER] * 3  # points: Table 1's
 
@@ -156,7 +159,7 @@ def test_one_colour_per_router_in_every_figure(tmp_path):
     exps = experiments()
     colours = palette(exps)
     seen: dict[str, set] = {}  # colour -> the routers drawn in it, over every figure
-    for name, plot in report.with_colours(routesim.PLOTS, colours).items():
+    for name, plot in report.with_colours(routesim_report.PLOTS, colours).items():
         fig = plot(exps[name], tmp_path / f"{name}.png")
         labels = figure_colours(fig)
         assert labels or name == "stage_preferences", name

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
 PLOTTED = ("table2", "lambda_sweep", "online_curve", "unavailability", "interventions", "scatter", "post_error",
-           "stage_preferences", "diagnostics")  # every section but Table 1, whose figure is the scatter
+           "stage_preferences", "diagnostics", "selection")  # every section but Table 1, whose figure is the scatter
 BASELINES = {"Best fixed (train)", "MTRouter", "Weighted kNN", "Avengers-Pro", "EmbedLLM", "RouterDC"}
 FIXED = {"fixed:apex-flash", "fixed:apex-pro", "fixed:llama-70b", "fixed:mini-4o", "fixed:quill-9b",
          "fixed:quill-plus"}
@@ -39,7 +39,8 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         assert all(int(done) <= int(total) for done, total in counts)
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
-                                "interventions", "scatter", "post_error", "stage_preferences", "diagnostics"}
+                                "interventions", "scatter", "post_error", "stage_preferences", "diagnostics",
+                                "selection"}
 
     table1 = experiments["table1"]["rows"]
     for split in ("test", "ood:musique", "ood:drop", "ood:mmlu_pro"):
@@ -50,8 +51,15 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         assert 0 <= row["accuracy"] <= 1 and row["cost_usd"] > 0
         if row["router"].startswith("RIVET"):
             assert row["seeds"] == 2 and "accuracy_sd" in row  # mean and spread over the configured seeds
-    assert {r["router"] for r in experiments["table2"]["rows"]} == {"RIVET (ours)", "w/o CQL", "w/o RIVE",
-                                                                   "w/o response"}
+    # alpha chosen on validation among the tiny grid {0, 0.1}: the highest mean validation J over the seeds
+    selected = experiments["selection"]["rows"]
+    assert [r["alpha"] for r in selected] == [0.0, 0.1] and all(r["seeds"] == 2 for r in selected)
+    chosen = max(selected, key=lambda r: r["val_return"])
+    assert [r["chosen"] for r in selected] == [r is chosen for r in selected]
+    assert chosen["router"] == "RIVET (ours)"
+    ablations = {"RIVET (ours)", "w/o CQL", "w/o RIVE", "w/o response"}
+    paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper: alpha=0.1)"}  # the paper's alpha beside the choice
+    assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper
     sweep = experiments["lambda_sweep"]["rows"]
     assert sorted({r["lambda"] for r in sweep}) == [0.0, 0.05, 0.5]
     assert {r["router"] for r in sweep} == {"oracle", "RIVET (ours)"}
@@ -90,6 +98,8 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5", "Q* diagnostics"):
         assert title in report
+    assert re.search(r"alpha [\d.]+ chosen on 'validation' \(validation J 0: -?[\d.]+, 0\.1: -?[\d.]+\)",
+                     result.stderr)
     for plot in PLOTTED:
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000
         assert f"results/{plot}.png" in report

@@ -199,12 +199,12 @@ SUMMARY_KEYS = ("rmse", "bias", "argmax_agreement", "value_lost", "q_spread", "q
                 "same_as_logged_oracle", "same_as_previous", "same_as_previous_oracle")
 
 
-def over_seeds(rows: list[dict], router_of: dict[str, str]) -> list[dict]:
-    """The report's rows: `diagnose` rows of runs "<variant>/seed_<s>" averaged over seeds per (router, stage,
-    states), with each statistic's standard deviation as `<key>_sd`; `router_of` names each variant's router."""
+def over_seeds(rows: list[dict]) -> list[dict]:
+    """The report's rows: `diagnose` rows whose labels name their router (one run per seed) averaged over seeds per
+    (router, stage, states), with each statistic's standard deviation as `<key>_sd`."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((router_of[r["run"].split("/")[0]], r["stage"], r["states_of"]), []).append(r)
+        groups.setdefault((r["router"], r["stage"], r["states_of"]), []).append(r)
     out = []
     for (router, stage, where), at in groups.items():
         keys = [k for k in SUMMARY_KEYS if k in at[0]]

@@ -41,8 +41,8 @@ from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import diagnostics, report, traces
-from rivet_jax.experiments.common import MAIN, Progress, check_same_config, slug, train_variants, with_overrides
+from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
+from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_variants, with_overrides
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -247,15 +247,17 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
     return rows
 
 
-def q_star_diagnostics(config: ml_collections.ConfigDict, sim, logged: Sequence, dirs: dict[str, list[Path]],
-                       variants: Sequence[str] = ("rivet", "w/o CQL")) -> list[dict]:
-    """Q_route of `variants` (TD and online checkpoints) against the exact Q*, on logged states and on their own
-    rollouts on `config.diagnose.split`; mean ± sd over seeds (rivet_jax/experiments/diagnostics.py)."""
-    routers = [({"run": f"{d.parent.name}/{d.name}", "stage": stage}, Router.from_checkpoint(d, stage=stage))
-               for name in variants for d in dirs[name] for stage in ("td", "online")]
+def q_star_diagnostics(config: ml_collections.ConfigDict, sim, logged: Sequence,
+                       dirs: dict[str, Sequence[Path]]) -> list[dict]:
+    """Q_route of each named router's runs (TD and online checkpoints; one run per seed) against the exact Q*, on
+    logged states and on their own rollouts on `config.diagnose.split`; mean ± sd over seeds
+    (rivet_jax/experiments/diagnostics.py)."""
+    routers = [({"router": name, "run": f"{d.parent.name}/{d.name}", "stage": stage},
+                Router.from_checkpoint(d, stage=stage))
+               for name, run_dirs in dirs.items() for d in run_dirs for stage in ("td", "online")]
     d = config.diagnose
-    rows = diagnostics.diagnose(sim, routers, logged, d.split, d.rollouts, d.seed, d.max_logged_states)
-    return diagnostics.over_seeds(rows, {slug(name): MAIN if name == "rivet" else name for name in variants})
+    return diagnostics.over_seeds(diagnostics.diagnose(sim, routers, logged, d.split, d.rollouts, d.seed,
+                                                       d.max_logged_states))
 
 
 def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
@@ -268,121 +270,6 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
                  **{k: ev.oracle(split, lam)[m] for k, m in (("accuracy", "accuracy"), ("cost_usd", "cost"))}}
                 for lam in ev.config.reproduce.frontier_lambdas]
     return points + frontier
-
-
-# -------------------------------------------------------------------------------------------------- report
-
-
-_MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
-                 ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3),
-                 ("turns", "turns", 2), ("switch_rate", "switch rate", 2)]
-
-
-def _split_caption(split: str, rows: list[dict]) -> str:
-    """Table 1's line above a split's table: in distribution or OOD, and the fixed model its cost is relative to."""
-    reference = next((r["router"] for r in rows if r["router"].startswith("fixed:") and abs(r["cost_rel"] - 1) < 1e-9),
-                     "its most accurate fixed model")
-    return (f"**{split}** ({'OOD' if split.startswith('ood') else 'in distribution'}; cost rel. to {reference}, the "
-            f"split's most accurate fixed model)")
-
-
-def _frontier_table(rows: list[dict]) -> str:
-    """The scatter's table: the oracle frontier only (its other points are Table 1's rows, tabled there)."""
-    return report.markdown_table([r for r in rows if r["router"] == report.FRONTIER],
-                                 [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
-                                  ("cost_usd", "cost ($)", 3)])
-
-
-TABLES = {
-    "table1": ("Table 1: every router, in distribution and OOD (one table per split)",
-               report.grouped_tables("split", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:], _split_caption)),
-    "scatter": ("Accuracy-cost scatter: Table 1 per split, with the oracle frontier on test", _frontier_table),
-    "table2": ("Table 2: ablations on the test manifest (cost relative to RIVET (ours), online stage)",
-               [("router", "configuration", -1), ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3),
-                ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3)]),
-    "lambda_sweep": ("Figure 3: cost-coefficient sweep", [("lambda", "lambda", -1)] + _MAIN_COLUMNS[:1]
-                     + _MAIN_COLUMNS[2:6]),
-    "online_curve": ("Figure 4: online adaptation (test manifest)",
-                     [("trajectories", "online trajectories", -1), ("seeds", "seeds", -1), ("accuracy", "accuracy", 3),
-                      ("cost_usd", "cost ($)", 3)]),
-    "unavailability": ("Table 5: candidate-model unavailability at test time (cost relative to RIVET Online)",
-                       report.grouped_tables("pool", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:6],
-                                             lambda pool, _: f"**{pool}** (cost rel. to RIVET Online in this pool)")),
-    "interventions": ("Table 3: stay / switch interventions (cost relative to Original within each group)",
-                      [("group", "episodes where RIVET", -1), ("router", "policy", -1), ("episodes", "episodes", -1),
-                       ("successes", "successes", -1), ("accuracy", "accuracy", 3), ("cost_rel", "cost rel.", 3)]),
-    "diagnostics": ("Q* diagnostics: learned Q_route against RouteSim's exact Q*",
-                    [("router", "router", -1)] + diagnostics.COLUMNS[1:3] + diagnostics.COLUMNS[4:]),
-}
-PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep,
-         "online_curve": report.plot_online_curve, "unavailability": report.plot_unavailability,
-         "interventions": report.plot_interventions, "scatter": report.plot_scatter,
-         "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences,
-         "diagnostics": diagnostics.plot}
-REPORT_ORDER = ("table1", "scatter", "table2", "lambda_sweep", "online_curve", "unavailability", "interventions",
-                "post_error", "stage_preferences", "diagnostics")  # each table's figure next to it: the scatter is Table 1's
-
-
-def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test_tasks: int) -> dict[str, str]:
-    """The text under each section whose numbers can look inconsistent with another's: what each is measured on.
-    Every claim follows from the function computing the rows; `best_at`: each seed's best-validation trajectory."""
-    ev, on, rp, lam = config.evaluate, config.online, config.reproduce, config.reward.lam
-    seeds, rollouts = len(rp.seeds), f"{ev.rollouts_per_task} time(s) per task with seed {ev.seed}"
-    sweep = "Online" if rp.sweep_stage == "all" else "Offline"
-    if on.eval_seed == ev.seed and on.eval_rollouts == ev.rollouts_per_task:
-        streams = "The random streams are Table 1's: a seed's point at its best checkpoint's k is its Table 1 row."
-    else:
-        streams = (f"Other seeds draw other episodes, and with {test_tasks} test tasks one episode moves a seed's "
-                   f"accuracy by {1 / (test_tasks * on.eval_rollouts):.3f}: the curve need not match Table 1's RIVET "
-                   f"Online even at the best checkpoint's k, nor its k = 0 point Table 1's RIVET Offline (the same "
-                   f"router).")
-    return {
-        "table1": (f"Learned routers are rolled out {rollouts} (the same random streams for every router); RIVET "
-                   f"Offline is each run's TD checkpoint, RIVET Online its best-validation online checkpoint. `cost "
-                   f"rel.` is relative to each split's own most accurate fixed model (named above its table): compare "
-                   f"it within a table, not across splits. The scatter below is this table's figure."),
-        "scatter": (f"The points are Table 1's rows, the same numbers; error bars: ± one standard deviation over "
-                    f"seeds (RIVET only: each baseline is one fitted router; oracle, fixed models and random are "
-                    f"exact). The frontier (test only) is the exact oracle at lambda in {list(rp.frontier_lambdas)}; "
-                    f"its lambda = {lam} point is Table 1's test oracle."),
-        "table2": ("`RIVET (ours)` is Table 1's RIVET Online on test: the same checkpoints rolled out with the same "
-                   "seeds, hence the same accuracy, cost and regret; only `cost rel.` differs (relative to it here)."),
-        "lambda_sweep": (f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
-                         f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', the "
-                         f"same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative to "
-                         f"the test split's most accurate fixed model, as in Table 1."),
-        "online_curve": (f"Each point is the router while it adapts, after k online trajectories (k = 0: the offline "
-                         f"TD router, before any update), rolled out on '{on.test_split}' {on.eval_rollouts} time(s) "
-                         f"per task with seed {on.eval_seed}; mean ± sd over the seeds whose run reached k (`seeds`: "
-                         f"a run that stops early has no later points). Table 1's RIVET Online is another "
-                         f"measurement: each run's best-validation checkpoint (validated on '{on.validation_split}' "
-                         f"every {on.validate_every} trajectories; here after {list(best_at)} trajectories for seeds "
-                         f"{list(rp.seeds)}, not necessarily a curve point), rolled out {rollouts}. {streams}"),
-        "unavailability": ("`cost rel.` is relative to RIVET Online's mean cost in the same pool (1.000 in each), "
-                           "not to a fixed model as in Table 1. Learned routers are rolled out with Table 1's seeds, "
-                           "so one that never called the removed model repeats its Table 1 test row; the oracle, "
-                           "fixed models and random are exact in the reduced pool."),
-        "interventions": (f"Original is RIVET Online's Table 1 test episodes (the same checkpoints and seeds), pooled "
-                          f"over the {seeds} seeds and split by what RIVET did: `switched` = it called more than one "
-                          f"model, `kept` = one model over more than one turn; one-turn episodes are in neither group. "
-                          f"Stay / Switch replay each such task with its seed. Accuracy is over the pooled episodes; "
-                          f"`cost rel.` is relative to Original in the same group."),
-        "post_error": (f"Computed on the episodes Table 1 rolled out for each learned router, test and OOD splits "
-                       f"pooled; RIVET's rows pool its {seeds} seeds (hence about {seeds}x a baseline's turns). The "
-                       f"oracle, fixed models and random are exact expectations, with no traces. nan / n/a: nothing "
-                       f"to measure (no switch after an error; `vs MTRouter` wherever MTRouter never switched after "
-                       f"one)."),
-        "stage_preferences": ("The same pooled traces as Table 7; each model in the colour of its fixed-model router "
-                              "in the other figures."),
-        "diagnostics": (f"Q_route of each run's TD and online checkpoints against the exact Q*(s, m) (RouteSim's DP at "
-                        f"the run's lambda, gamma and c_ref), mean ± sd over the {seeds} seeds. `logged`: "
-                        f"{config.diagnose.max_logged_states} states sampled from the logged corpus (what the loss "
-                        f"saw); `visited`: the router's own rollouts on '{config.diagnose.split}' "
-                        f"({config.diagnose.rollouts} per task). Value lost = V*(s) - Q*(s, the router's choice), the "
-                        f"return a decision gives up; `= logged`: the share of choices that repeat the model logged "
-                        f"at that state (the oracle's share beside it), `= previous`: that repeat the model of the "
-                        f"previous turn. The figure plots value lost by turn (visited states) and `= logged`."),
-    }
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -406,7 +293,7 @@ def fit_baselines(config, episodes, pool, store: EmbeddingStore, lam: float, c_r
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
     started = time.perf_counter()
-    phases = 5
+    phases = 6
 
     def log(message: str, phase: int | None = None) -> None:
         prefix = f"[phase {phase}/{phases}] " if phase else "  "
@@ -417,27 +304,39 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     corpus = collect(config, workdir)
     episodes_path, cards_path = corpus_files(corpus)
 
-    other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
-    no_curve = {"online.curve_points": ()}  # Figure 4 is the main runs' curve: the others skip its test rollouts
-    variants = {"rivet": ({}, "all"),
-                **{name: ({**overrides, **no_curve}, "all") for name, overrides in ABLATIONS.items()},
-                **{f"lambda_{x}": ({"reward.lam": x, **no_curve}, rp.sweep_stage) for x in other_lambdas}}
-    log(f"train RIVET, its ablations and the lambda sweep: {len(variants)} variants x {len(rp.seeds)} seeds, the "
-        f"offline stages of all runs together (vmapped), then each online stage", 2)
-    dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
-    main_dirs = dirs["rivet"]
-    ablation_dirs = {name: dirs[name] for name in ABLATIONS}
-    sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
-    log("fit the baselines", 3)
+    grid = selection.alpha_grid(config)
+    log(f"train RIVET at alpha in {grid} (the grid of `select`; 0 is the w/o CQL ablation): {len(grid)} x "
+        f"{len(rp.seeds)} seeds, the offline stages of all runs together, then their online stages in lockstep", 2)
+    by_alpha = train_variants(config, episodes_path, cards_path, workdir,
+                              {selection.alpha_variant(a): ({"loss.alpha": a}, "all") for a in grid}, rp.seeds)
     sim = make_routesim(config.sim)
+    alpha, selected = selection.select_alpha(config, sim, {a: by_alpha[selection.alpha_variant(a)] for a in grid})
+    main_dirs = by_alpha[selection.alpha_variant(alpha)]
+    other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
+    at_alpha = {"loss.alpha": alpha, "online.curve_points": ()}  # Figure 4 is the main runs': no test rollouts
+    variants = {**{name: ({**at_alpha, **overrides}, "all") for name, overrides in ABLATIONS.items()
+                   if name != "w/o CQL"},
+                **{f"lambda_{x}": ({**at_alpha, "reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
+    scores = ", ".join(f"{r['alpha']:g}: {r['val_return']:.4f}" for r in selected)
+    why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
+    log(f"alpha {alpha:g} chosen on '{config.select.split}' ({why}); train its ablations and the lambda sweep: "
+        f"{len(variants)} variants x {len(rp.seeds)} seeds", 3)
+    dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
+    ablation_dirs = {name: by_alpha[selection.alpha_variant(0.0)] if name == "w/o CQL" else dirs[name]
+                     for name in ABLATIONS}
+    sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
+    paper_dirs = {} if alpha == float(config.loss.alpha) else {
+        selection.paper_row(config): by_alpha[selection.alpha_variant(float(config.loss.alpha))]}
+    log("fit the baselines", 4)
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
 
-    log("evaluate", 4)
+    log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
-    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(ABLATIONS)) * seeds + len(sweep_dirs) * seeds
+    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(paper_dirs) + len(ABLATIONS)) * seeds
+                    + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
     offline = [Router.from_checkpoint(d, stage="td") for d in main_dirs]
@@ -446,7 +345,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
     variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
-                                  for name, dirs in ablation_dirs.items()}}
+                                  for name, dirs in {**paper_dirs, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
     log("Table 2 done")
     sweep_stage = "online" if rp.sweep_stage == "all" else "td"
@@ -462,10 +361,12 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["post_error"] = post_error(ev)
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
-    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, dirs)
+    experiments["selection"] = selected
+    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes,
+                                                    {MAIN: main_dirs, "w/o CQL": ablation_dirs["w/o CQL"]})
     log("Q* diagnostics done")
 
-    log("write the report", 5)
+    log("write the report", 6)
     meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
             "rollouts_per_task": config.evaluate.rollouts_per_task,
             "summary": (f"RouteSim (`configs/routesim.py`), hashing encoder, lambda = {lam}, c_ref = {c_ref:.6f} "
@@ -475,14 +376,14 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
     traced = "every learned router's Table 1 traces, test and OOD pooled"
-    tables = {**TABLES, "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
+    tables = {**routesim_report.TABLES, "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
               "stage_preferences": report.stage_section(traced, sim.pool.names)}
     colours = report.router_colours([r["router"] for rows in experiments.values() for r in rows]
                                     + [f"fixed:{m}" for m in sim.pool.names])
-    notes = report_notes(config, [online.read_progress(d)["best_at"] for d in main_dirs],
+    notes = routesim_report.report_notes(config, [online.read_progress(d)["best_at"] for d in main_dirs],
                          len(sim.tasks(config.evaluate.split)))
-    plots = report.with_colours(PLOTS, colours)
-    report.write_outputs(workdir, {name: experiments[name] for name in REPORT_ORDER}, meta,
+    plots = report.with_colours(routesim_report.PLOTS, colours)
+    report.write_outputs(workdir, {name: experiments[name] for name in routesim_report.REPORT_ORDER}, meta,
                          "RIVET on RouteSim: the paper's experiments", tables, plots, notes)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
