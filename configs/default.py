@@ -64,6 +64,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.loss.alpha = 0.1   # CQL weight in Eq. 11; 0 = "w/o CQL"
     config.loss.huber_delta = 1.0
     config.loss.zero_response = False  # True = "w/o response": RIVE sees a zero vector instead of e(o_t)
+    config.loss.cql_on = "all"  # Eq. 10 at every transition; "stochastic": only where the logged choice was a draw
 
     config.optim = ml_collections.ConfigDict()
     config.optim.lr = 3e-4

@@ -35,11 +35,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.evaluate.rollouts_per_task = 4  # Monte Carlo rollouts of a learned router per test task
     config.evaluate.seed = 1
 
-    # launch.reproduce chooses the CQL weight on validation (rivet_jax/experiments/selection.py, which says why 16
-    # rollouts); enabled = False keeps loss.alpha (the paper's fixed settings). 0 and loss.alpha are always trained.
+    # launch.reproduce chooses alpha and where CQL applies on validation (rivet_jax/experiments/selection.py, which
+    # says why 16 rollouts); enabled = False keeps config.loss (the paper's fixed settings), always trained too, as
+    # is alpha = 0 (w/o CQL).
     config.select = ml_collections.ConfigDict()
     config.select.enabled = True
-    config.select.alphas = (0.0, 0.01, 0.1)
+    config.select.alphas = (0.01, 0.1)
+    config.select.cql_on = ("all", "stochastic")
     config.select.split = "validation"
     config.select.rollouts = 16
     config.select.seed = 2
@@ -78,6 +80,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                     family[split] = min(family[split], 2)
         config.evaluate.rollouts_per_task = 1
         config.diagnose.max_logged_states = 200
-        config.select.alphas = (0.0, 0.1)
+        config.select.alphas = (0.1,)
+        config.select.cql_on = ("all",)
         config.select.rollouts = 2
     return config

@@ -76,7 +76,7 @@ def gather_batch(data: TrainData, idx) -> Batch:
     return Batch(h_t=data.embeddings[rows["state"]], h_tp1=data.embeddings[rows["next_state"]],
                  e_o=data.embeddings[rows["response"]], action=rows["action"], reward=rows["reward"],
                  done=rows["done"], mc_return=rows["mc_return"], available=rows["available"],
-                 next_available=rows["next_available"])
+                 next_available=rows["next_available"], stochastic=rows["stochastic"])
 
 
 # ------------------------------------------------------------------------------------------------- loading

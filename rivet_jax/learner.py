@@ -99,8 +99,8 @@ def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
 
 
 # The settings the runs of one group may differ in: values the vmapped program reads, or bookkeeping.
-VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "reward.lam", "runs_vmapped",
-              "online.curve_points")
+VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "loss.cql_on", "reward.lam",
+              "runs_vmapped", "online.curve_points")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

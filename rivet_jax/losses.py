@@ -5,6 +5,12 @@
     Eq. 10      cql                 logsumexp over available candidates minus the logged action's value
     Eq. 11      rivet_loss          a batch's loss: fit(G_t) in the MC stage, fit(Y_t) + alpha CQL in TD
 
+CQL as written penalises every candidate but the logged one at every logged state. Where the logs come from fixed-
+model policies (RouteSim's corpus from turn 2 on, MINT everywhere) the logged model is the one that wrote the
+history, so the penalty teaches "call the model that answered before" (measured: experiments/diagnostics.py).
+`loss.cql_on = "stochastic"` applies it only at transitions whose logged choice was a draw (propensity < 1), where
+the logged model carries no such bias; "all" is Eq. 10 as written.
+
 The per-example functions are written in the rlax style and batched with `jax.vmap` (`batched_*`).
 Names: `_t` is the logged turn, `_tp1` the next state. Availability is a boolean mask over the M candidates, used
 for every max, argmax and logsumexp, so an unavailable model never supplies a target or absorbs probability mass.
@@ -72,6 +78,9 @@ batched_double_dqn_target = jax.vmap(double_dqn_target, in_axes=(0, 0, None, 0, 
 batched_cql = jax.vmap(cql)
 
 
+CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition, or the stochastic choices only
+
+
 class LossWeights(NamedTuple):
     """The weights of Eq. 7 and 11 that a run may change without changing a shape: Python floats for one run, or
     traced scalars when many runs train as one vmapped program (`rivet_jax.run_group`)."""
@@ -79,10 +88,16 @@ class LossWeights(NamedTuple):
     alpha: Any     # CQL weight; 0 = "w/o CQL"
     beta: Any      # RIVE weight; 0 = "w/o RIVE"
     response: Any  # 1 = RIVE reads e(o_t); 0 = "w/o response" (a zero vector)
+    cql_stochastic_only: Any = 0.0  # 1 = CQL only where the logged choice was stochastic (`loss.cql_on`)
 
     @classmethod
     def of(cls, config) -> "LossWeights":
-        return cls(alpha=config.loss.alpha, beta=config.loss.beta, response=0.0 if config.loss.zero_response else 1.0)
+        cql_on = config.loss.get("cql_on", "all")
+        if cql_on not in CQL_ON:
+            raise ValueError(f"config.loss.cql_on must be one of {CQL_ON}, got {cql_on!r}")
+        return cls(alpha=config.loss.alpha, beta=config.loss.beta, response=0.0 if config.loss.zero_response else 1.0,
+                   cql_stochastic_only=float(cql_on == "stochastic"))
+
 
 
 def rivet_loss(params, target_params, batch: Batch, cards, weights: LossWeights | None = None, *, net: RivetNet,
@@ -106,7 +121,11 @@ def rivet_loss(params, target_params, batch: Batch, cards, weights: LossWeights 
                                            jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)
     q_taken = jnp.take_along_axis(q_all, batch.action[:, None], axis=1)[:, 0]  # (B,)
     fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, w.beta, config.loss.huber_delta))
-    cql_loss = jnp.zeros(()) if stage == "mc" else jnp.mean(batched_cql(q_all, batch.action, batch.available))
+    # Each transition's CQL weight: 1, or (cql_on = "stochastic") whether its logged choice was a draw; the mean is
+    # over the weighted transitions, so alpha keeps its scale whatever share of the logs is stochastic.
+    where = 1.0 - w.cql_stochastic_only * (1.0 - batch.stochastic)                                         # (B,)
+    cql_loss = jnp.zeros(()) if stage == "mc" else (
+        jnp.sum(where * batched_cql(q_all, batch.action, batch.available)) / jnp.maximum(jnp.sum(where), 1.0))
     loss = fit_loss + w.alpha * cql_loss
     available_q = jnp.where(batch.available, q_all, jnp.nan)
     metrics = {"loss": loss, "fit": fit_loss, "cql": cql_loss, "q_taken": jnp.mean(q_taken),

@@ -56,7 +56,7 @@ def empty_replay(capacity: int, dim: int, num_models: int) -> Batch:
     return Batch(h_t=jnp.zeros((capacity, dim)), h_tp1=jnp.zeros((capacity, dim)), e_o=jnp.zeros((capacity, dim)),
                  action=jnp.zeros(capacity, jnp.int32), reward=jnp.zeros(capacity), done=jnp.zeros(capacity),
                  mc_return=jnp.zeros(capacity), available=jnp.ones((capacity, num_models), bool),
-                 next_available=jnp.ones((capacity, num_models), bool))
+                 next_available=jnp.ones((capacity, num_models), bool), stochastic=jnp.zeros(capacity))
 
 
 @functools.partial(jax.jit, donate_argnums=0)

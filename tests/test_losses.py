@@ -89,3 +89,33 @@ def test_rewards_and_returns_by_hand():
     # G_2 = 0.75, G_1 = -0.5 + 0.9 * 0.75 = 0.175
     np.testing.assert_allclose(discounted_returns(rewards, 0.9), [0.175, 0.75])
     np.testing.assert_allclose(turn_rewards(np.array([2.0, 1.0]), 0, 0.5, 2.0), [-0.5, -0.25])
+
+
+def test_cql_on_stochastic_choices_only_averages_over_those_transitions():
+    """`loss.cql_on = "stochastic"`: Eq. 10 only where the logged choice was a draw, averaged over those rows;
+    "all" is Eq. 10 on every row. Checked against `cql` per row on the network's own Q_route."""
+    from configs import default
+    from rivet_jax.data.replay import Batch
+    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax.networks import RivetNet, init_params, make_network
+
+    b, m, d, f = 4, 3, 16, 2
+    config = default.get_config("tiny")
+    net = make_network(config)
+    rng = np.random.default_rng(0)
+    cards = (jnp.asarray(rng.normal(size=(m, d)), jnp.float32), jnp.asarray(rng.normal(size=(m, f)), jnp.float32),
+             jnp.ones((m, f), jnp.float32))
+    params = init_params(net, jax.random.key(0), d, cards)
+    vec = lambda: jnp.asarray(rng.normal(size=(b, d)), jnp.float32)
+    batch = Batch(h_t=vec(), h_tp1=vec(), e_o=vec(), action=jnp.array([0, 1, 2, 0]), reward=jnp.zeros(b),
+                  done=jnp.ones(b), mc_return=jnp.zeros(b), available=jnp.ones((b, m), bool),
+                  next_available=jnp.ones((b, m), bool), stochastic=jnp.array([1.0, 0.0, 1.0, 0.0]))
+    q = net.apply({"params": params}, batch.h_t, cards, method=RivetNet.q_route)                  # (B, M)
+    per_row = np.array([losses.cql(q[i], batch.action[i], batch.available[i]) for i in range(b)])
+    for cql_on, expected in (("all", per_row.mean()), ("stochastic", per_row[[0, 2]].mean())):
+        cfg = with_overrides(config, {"loss.cql_on": cql_on})
+        loss, metrics = losses.rivet_loss(params, params, batch, cards, net=net, config=cfg, stage="td")
+        assert float(metrics["cql"]) == pytest.approx(expected, rel=1e-5)
+        assert float(loss) == pytest.approx(float(metrics["fit"]) + cfg.loss.alpha * expected, rel=1e-5)
+    with pytest.raises(ValueError, match="cql_on must be one of"):
+        losses.LossWeights.of(with_overrides(config, {"loss.cql_on": "logged"}))

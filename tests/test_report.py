@@ -55,7 +55,8 @@ def experiments() -> dict[str, list[dict]]:
         "unavailability": unavailability, "interventions": interventions, "post_error": post_error,
         "stage_preferences": [{"router": n, "stage": stage, "turns": 10, **{m: 1 / len(MODELS) for m in MODELS}}
                               for n in LEARNED for stage in ("Analyze", "Solve", "Submit")],
-        "selection": [{"alpha": a, "router": n, "seeds": 2, "val_return": 0.6 + a, "val_return_sd": 0.02,
+        "selection": [{"alpha": a, "cql_on": "all", "router": n, "seeds": 2, "val_return": 0.6 + a,
+                       "val_return_sd": 0.02,
                        "per_seed": [0.58 + a, 0.62 + a], "chosen": n == MAIN, "paper": a == 0.1}
                       for a, n in ((0.0, "w/o CQL"), (0.01, MAIN), (0.1, "RIVET (paper: alpha=0.1)"))],
         "diagnostics": [{"router": n, "stage": stage, "states_of": where, "seeds": 2, "states": 50, "rmse": 0.2,

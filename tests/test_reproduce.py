@@ -90,15 +90,17 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         shares = [v for k, v in r.items() if k.startswith(tuple(m[len("fixed:"):] for m in FIXED))]
         assert len(shares) == len(FIXED) and (r["turns"] == 0 or abs(sum(shares) - 1) < 1e-9)
     diagnosed = experiments["diagnostics"]["rows"]
+    paper = {"RIVET (paper: alpha=0.1)"} if any(r["chosen"] and r["alpha"] == 0 for r in
+                                               experiments["selection"]["rows"]) else set()
     assert {(r["router"], r["stage"], r["states_of"]) for r in diagnosed} == {
-        (router, stage, where) for router in ("RIVET (ours)", "w/o CQL") for stage in ("td", "online")
+        (router, stage, where) for router in {"RIVET (ours)", "w/o CQL"} | paper for stage in ("td", "online")
         for where in ("logged", "visited")}
     assert all(r["seeds"] == 2 and r["value_lost"] >= 0 for r in diagnosed)
     report = (workdir / "report.md").read_text()
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5", "Q* diagnostics"):
         assert title in report
-    assert re.search(r"alpha [\d.]+ chosen on 'validation' \(validation J 0: -?[\d.]+, 0\.1: -?[\d.]+\)",
+    assert re.search(r"alpha=[\d.]+ chosen on 'validation' \(validation J alpha=0: -?[\d.]+, alpha=0\.1: -?[\d.]+\)",
                      result.stderr)
     for plot in PLOTTED:
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000

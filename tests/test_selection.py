@@ -1,4 +1,5 @@
-"""Choosing alpha on validation (rivet_jax/experiments/selection.py): the grid, the choice, the paper's switch."""
+"""Choosing the conservatism setting on validation (rivet_jax/experiments/selection.py): the grid, the choice, the
+names, the paper's switch."""
 
 import pytest
 
@@ -7,12 +8,16 @@ from rivet_jax.experiments import selection
 from rivet_jax.experiments.common import MAIN, with_overrides
 
 
-def test_grid_always_holds_zero_and_the_configured_alpha():
+def test_grid_always_holds_alpha_zero_and_the_configured_setting():
     config = routesim_config.get_config()
-    assert selection.alpha_grid(config) == [0.0, 0.01, 0.1]
-    assert selection.alpha_grid(with_overrides(config, {"select.alphas": (0.03,), "loss.alpha": 0.2})) == [
-        0.0, 0.03, 0.2]
-    assert selection.alpha_grid(with_overrides(config, {"select.enabled": False})) == [0.0, 0.1]
+    assert selection.grid(config) == [(0.0, "all"), (0.01, "all"), (0.01, "stochastic"), (0.1, "all"),
+                                      (0.1, "stochastic")]
+    assert selection.grid(with_overrides(config, {"select.alphas": (0.03,), "select.cql_on": ("all",),
+                                                  "loss.alpha": 0.2})) == [(0.0, "all"), (0.03, "all"), (0.2, "all")]
+    assert selection.grid(with_overrides(config, {"select.enabled": False})) == [(0.0, "all"), (0.1, "all")]
+    assert [selection.variant(s) for s in ((0.0, "all"), (0.1, "stochastic"))] == ["alpha_0",
+                                                                                   "alpha_0.1_cql_stochastic"]
+    assert selection.overrides((0.1, "stochastic")) == {"loss.alpha": 0.1, "loss.cql_on": "stochastic"}
 
 
 @pytest.fixture
@@ -22,16 +27,17 @@ def fake_validation(monkeypatch):
     monkeypatch.setattr(selection, "validation_returns", lambda sim, routers, split, rollouts, seed: list(routers))
 
 
-@pytest.mark.parametrize("enabled, chosen", [(True, 0.01), (False, 0.1)])
-def test_the_best_mean_over_seeds_wins_unless_selection_is_off(fake_validation, enabled, chosen):
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_best_mean_over_seeds_wins_unless_selection_is_off(fake_validation, enabled):
     config = with_overrides(routesim_config.get_config(), {"select.enabled": enabled})
     # alpha 0 has the single best seed (0.9) but not the best mean (0.6 < 0.7)
-    alpha, rows = selection.select_alpha(config, None, {0.0: [0.9, 0.3], 0.01: [0.7, 0.7], 0.1: [0.5, 0.4]})
-    assert alpha == chosen
-    assert [(r["alpha"], r["val_return"], r["chosen"], r["paper"]) for r in rows] == [
-        (0.0, pytest.approx(0.6), False, False), (0.01, pytest.approx(0.7), enabled, False),
-        (0.1, pytest.approx(0.45), not enabled, True)]
+    returns = {(0.0, "all"): [0.9, 0.3], (0.01, "stochastic"): [0.7, 0.7], (0.1, "all"): [0.5, 0.4]}
+    chosen, rows = selection.select(config, None, returns)
+    assert chosen == ((0.01, "stochastic") if enabled else (0.1, "all"))
+    assert [(r["alpha"], r["cql_on"], r["val_return"], r["chosen"], r["paper"]) for r in rows] == [
+        (0.0, "all", pytest.approx(0.6), False, False), (0.01, "stochastic", pytest.approx(0.7), enabled, False),
+        (0.1, "all", pytest.approx(0.45), not enabled, True)]
     assert rows[0]["val_return_sd"] == pytest.approx(0.3) and rows[1]["per_seed"] == [0.7, 0.7]
-    names = {r["alpha"]: r["router"] for r in rows}
-    assert names == ({0.0: "w/o CQL", 0.01: MAIN, 0.1: "RIVET (paper: alpha=0.1)"} if enabled
-                     else {0.0: "w/o CQL", 0.01: "RIVET (alpha=0.01)", 0.1: MAIN})
+    names = [r["router"] for r in rows]
+    assert names == (["w/o CQL", MAIN, "RIVET (paper: alpha=0.1)"] if enabled
+                     else ["w/o CQL", "RIVET (alpha=0.01, CQL on draws)", MAIN])

@@ -125,8 +125,10 @@ def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
         np.testing.assert_array_equal(batch.h_t, table[replay.state[span]])
         np.testing.assert_array_equal(batch.h_tp1, table[replay.next_state[span]])
         np.testing.assert_array_equal(batch.e_o, table[replay.response[span]])
-        for name in ("action", "reward", "done", "mc_return", "available", "next_available"):
+        for name in ("action", "reward", "done", "mc_return", "available", "next_available", "stochastic"):
             np.testing.assert_array_equal(getattr(batch, name), getattr(replay, name)[span], err_msg=name)
+        # a draw of the random router (propensity 1/6) is stochastic; a fixed model's call (propensity 1) is not
+        np.testing.assert_array_equal(replay.stochastic[span], [t.propensity < 1 for t in episode.turns])
         # G_0 by hand: every turn's -lambda c_t / c_ref discounted, plus the outcome at the last turn.
         costs = [t.cost for t in episode.turns]
         by_hand = sum(gamma ** k * (-lam * c / c_ref) for k, c in enumerate(costs))
@@ -134,3 +136,4 @@ def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
         assert rows["mc_return"][0] == pytest.approx(by_hand, rel=1e-12)
         start = span.stop
     assert start == len(replay)
+    assert 0 < replay.stochastic.sum() < len(replay)  # the demo corpus has both kinds of logged choice

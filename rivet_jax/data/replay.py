@@ -33,6 +33,7 @@ class Replay:
     mc_return: np.ndarray       # (N,) float32 G_t = sum_k gamma^(k-t) r_k
     available: np.ndarray       # (N, M) bool, models that could be chosen at s_t
     next_available: np.ndarray  # (N, M) bool, models that could be chosen at s_{t+1} (all for terminal turns)
+    stochastic: np.ndarray      # (N,) float32 1 where the logged choice was stochastic (propensity < 1), else 0
     episode: np.ndarray         # (N,) int32 index into episode_ids
     episode_ids: tuple[str, ...]
     texts: tuple[str, ...]      # the text table: states, responses, card descriptions
@@ -44,7 +45,7 @@ class Replay:
     def arrays(self) -> dict[str, np.ndarray]:
         """The per-transition arrays, as a dict pytree (what training puts on device)."""
         names = ("state", "next_state", "response", "action", "reward", "done", "mc_return", "available",
-                 "next_available")
+                 "next_available", "stochastic")
         return {name: getattr(self, name) for name in names}
 
 
@@ -101,21 +102,23 @@ def episode_rows(episode: Episode, pool: ModelPool, lam: float, gamma: float, c_
     """One validated episode's T transitions: the numeric columns of the replay, rewards and returns in float64.
 
     action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t ·
-    available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn).
+    available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn) ·
+    stochastic (T,) 1 where the logged choice was a draw (propensity < 1: a random router, an exploring policy).
     """
     turns = episode.turns
     rewards = turn_rewards(np.array([t.cost for t in turns]), episode.outcome, lam, c_ref)
     masks = np.stack([availability(t.available, pool) for t in turns] + [availability(None, pool)])  # (T + 1, M)
     return {"action": np.array([pool.index(t.model) for t in turns], np.int32), "reward": rewards,
             "done": (np.arange(len(turns)) == len(turns) - 1).astype(np.float64),
-            "mc_return": discounted_returns(rewards, gamma), "available": masks[:-1], "next_available": masks[1:]}
+            "mc_return": discounted_returns(rewards, gamma), "available": masks[:-1], "next_available": masks[1:],
+            "stochastic": np.array([t.propensity is not None and t.propensity < 1.0 for t in turns], np.float64)}
 
 
 class Batch(NamedTuple):
     """Transitions as the losses read them: embeddings looked up, one row per transition (leading shape B).
 
     Built by gathering a `Replay` through its text table (`corpus.gather_batch`) or from freshly embedded episodes
-    (`transition_batch`, the online stage). A pytree: jit, scan, vmap and sharding see nine arrays.
+    (`transition_batch`, the online stage). A pytree: jit, scan, vmap and sharding see ten arrays.
     """
 
     h_t: Any             # (B, D) float32 frozen-encoder vector of s_t
@@ -127,6 +130,7 @@ class Batch(NamedTuple):
     mc_return: Any       # (B,) float32 G_t
     available: Any       # (B, M) bool at s_t
     next_available: Any  # (B, M) bool at s_{t+1}
+    stochastic: Any      # (B,) float32 1 where the logged choice was stochastic (`loss.cql_on = "stochastic"`)
 
 
 def transition_batch(rows: dict[str, np.ndarray], states: np.ndarray, responses: np.ndarray) -> Batch:
@@ -134,10 +138,10 @@ def transition_batch(rows: dict[str, np.ndarray], states: np.ndarray, responses:
     return Batch(h_t=states[:-1], h_tp1=states[1:], e_o=responses, action=rows["action"],
                  reward=rows["reward"].astype(np.float32), done=rows["done"].astype(np.float32),
                  mc_return=rows["mc_return"].astype(np.float32), available=rows["available"],
-                 next_available=rows["next_available"])
+                 next_available=rows["next_available"], stochastic=rows["stochastic"].astype(np.float32))
 
 
-_ROW_COLUMNS = ("action", "reward", "done", "mc_return", "available", "next_available")
+_ROW_COLUMNS = ("action", "reward", "done", "mc_return", "available", "next_available", "stochastic")
 
 
 def build_replay(
@@ -169,7 +173,7 @@ def build_replay(
     arrays = {k: np.concatenate([np.asarray(c) for c in v]) for k, v in columns.items()}
     for k in ("state", "next_state", "response", "episode"):
         arrays[k] = arrays[k].astype(np.int32)
-    for k in ("reward", "done", "mc_return"):
+    for k in ("reward", "done", "mc_return", "stochastic"):
         arrays[k] = arrays[k].astype(np.float32)
     return Replay(**arrays, episode_ids=tuple(e.episode_id for e in episodes), texts=table.texts(),
                   card_text=card_text)

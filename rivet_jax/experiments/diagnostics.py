@@ -116,9 +116,9 @@ def compare(q: np.ndarray, q_opt: np.ndarray, turns: np.ndarray, called: Sequenc
 
 def diagnose(sim: RouteSim, routers: Sequence[tuple[dict, Router]], logged: Sequence[Episode], split: str,
              rollouts: int = 1, seed: int = 0, max_logged_states: int | None = 2000) -> list[dict]:
-    """A row of `compare` per (label, router) and state set (the label's fields lead the row): the logged states (`max_logged_states` sampled, the same for
-    every router) and each router's own rollouts on `split`, against the exact Q* at the router's lambda, gamma and
-    c_ref (solved once per such triple)."""
+    """A row of `compare` per (label, router) and state set, the label's fields leading the row: the logged states
+    (`max_logged_states` sampled, the same for every router) and each router's own rollouts on `split`, against the
+    exact Q* at the router's lambda, gamma and c_ref (solved once per such triple)."""
     names = list(sim.pool.names)
     sampled = states_of(logged, max_logged_states, seed)
     oracles: dict[tuple, tuple[OraclePolicy, np.ndarray]] = {}

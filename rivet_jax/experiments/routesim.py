@@ -304,29 +304,31 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     corpus = collect(config, workdir)
     episodes_path, cards_path = corpus_files(corpus)
 
-    grid = selection.alpha_grid(config)
-    log(f"train RIVET at alpha in {grid} (the grid of `select`; 0 is the w/o CQL ablation): {len(grid)} x "
-        f"{len(rp.seeds)} seeds, the offline stages of all runs together, then their online stages in lockstep", 2)
-    by_alpha = train_variants(config, episodes_path, cards_path, workdir,
-                              {selection.alpha_variant(a): ({"loss.alpha": a}, "all") for a in grid}, rp.seeds)
+    settings = selection.grid(config)
+    log(f"train RIVET at every conservatism setting of `select` ({', '.join(map(selection.label, settings))}; "
+        f"alpha = 0 is the w/o CQL ablation): {len(settings)} x {len(rp.seeds)} seeds, the offline stages of all runs "
+        f"together, then their online stages in lockstep", 2)
+    by_setting = train_variants(config, episodes_path, cards_path, workdir,
+                                {selection.variant(s): (selection.overrides(s), "all") for s in settings}, rp.seeds)
     sim = make_routesim(config.sim)
-    alpha, selected = selection.select_alpha(config, sim, {a: by_alpha[selection.alpha_variant(a)] for a in grid})
-    main_dirs = by_alpha[selection.alpha_variant(alpha)]
+    chosen, selected = selection.select(config, sim, {s: by_setting[selection.variant(s)] for s in settings})
+    main_dirs = by_setting[selection.variant(chosen)]
     other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
-    at_alpha = {"loss.alpha": alpha, "online.curve_points": ()}  # Figure 4 is the main runs': no test rollouts
-    variants = {**{name: ({**at_alpha, **overrides}, "all") for name, overrides in ABLATIONS.items()
+    at_chosen = {**selection.overrides(chosen), "online.curve_points": ()}  # Figure 4 is the main runs' alone
+    variants = {**{name: ({**at_chosen, **overrides}, "all") for name, overrides in ABLATIONS.items()
                    if name != "w/o CQL"},
-                **{f"lambda_{x}": ({**at_alpha, "reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
-    scores = ", ".join(f"{r['alpha']:g}: {r['val_return']:.4f}" for r in selected)
+                **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
+    scores = ", ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
-    log(f"alpha {alpha:g} chosen on '{config.select.split}' ({why}); train its ablations and the lambda sweep: "
-        f"{len(variants)} variants x {len(rp.seeds)} seeds", 3)
+    log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
+        f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
-    ablation_dirs = {name: by_alpha[selection.alpha_variant(0.0)] if name == "w/o CQL" else dirs[name]
+    ablation_dirs = {name: by_setting[selection.variant((0.0, "all"))] if name == "w/o CQL" else dirs[name]
                      for name in ABLATIONS}
     sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
-    paper_dirs = {} if alpha == float(config.loss.alpha) else {
-        selection.paper_row(config): by_alpha[selection.alpha_variant(float(config.loss.alpha))]}
+    # The grid's other settings (the paper's among them) are rows of Table 2 and of the diagnostics.
+    other_settings = {r["router"]: by_setting[selection.variant((r["alpha"], r["cql_on"]))] for r in selected
+                      if not r["chosen"] and r["alpha"] > 0}
     log("fit the baselines", 4)
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
@@ -335,7 +337,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
-    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(paper_dirs) + len(ABLATIONS)) * seeds
+    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(other_settings) + len(ABLATIONS)) * seeds
                     + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
@@ -345,7 +347,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
     variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
-                                  for name, dirs in {**paper_dirs, **ablation_dirs}.items()}}
+                                  for name, dirs in {**other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
     log("Table 2 done")
     sweep_stage = "online" if rp.sweep_stage == "all" else "td"
@@ -362,8 +364,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
-    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes,
-                                                    {MAIN: main_dirs, "w/o CQL": ablation_dirs["w/o CQL"]})
+    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, {
+        MAIN: main_dirs, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]})
     log("Q* diagnostics done")
 
     log("write the report", 6)
@@ -376,7 +378,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}
     traced = "every learned router's Table 1 traces, test and OOD pooled"
-    tables = {**routesim_report.TABLES, "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
+    tables = {**routesim_report.TABLES,
+              "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
               "stage_preferences": report.stage_section(traced, sim.pool.names)}
     colours = report.router_colours([r["router"] for rows in experiments.values() for r in rows]
                                     + [f"fixed:{m}" for m in sim.pool.names])

@@ -36,8 +36,8 @@ TABLES = {
     "table1": ("Table 1: every router, in distribution and OOD (one table per split)",
                report.grouped_tables("split", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:], _split_caption)),
     "scatter": ("Accuracy-cost scatter: Table 1 per split, with the oracle frontier on test", _frontier_table),
-    "selection": ("How RIVET (ours) was chosen: the CQL weight alpha on the validation split",
-                  [("alpha", "alpha", -1), ("router", "run", -1), ("seeds", "seeds", -1),
+    "selection": ("How RIVET (ours) was chosen: the conservatism setting on the validation split",
+                  [("alpha", "alpha", -1), ("cql_on", "CQL on", -1), ("router", "run", -1), ("seeds", "seeds", -1),
                    ("val_return", "validation J", 4), ("chosen", "chosen", -1), ("paper", "paper's alpha", -1)]),
     "table2": ("Table 2: ablations on the test manifest (cost relative to RIVET (ours), online stage)",
                [("router", "configuration", -1), ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3),
@@ -88,17 +88,20 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                     f"seeds (RIVET only: each baseline is one fitted router; oracle, fixed models and random are "
                     f"exact). The frontier (test only) is the exact oracle at lambda in {list(rp.frontier_lambdas)}; "
                     f"its lambda = {lam} point is Table 1's test oracle."),
-        "selection": (f"Every alpha trains through all stages at every seed; each run's best-validation online "
+        "selection": (f"A setting is the CQL weight alpha and where CQL applies (`all` logged transitions, Eq. 10 as "
+                      f"written, or only the `stochastic` ones, whose logged choice was a draw). Every setting trains "
+                      f"through all stages at every seed; each run's best-validation online "
                       f"checkpoint is rolled out {config.select.rollouts} times per '{config.select.split}' task "
                       f"(seed {config.select.seed}, not the online stage's validation seed {on.eval_seed}, so the "
-                      f"checkpoint choice does not also pick the alpha) and the highest mean J over the seeds is "
+                      f"checkpoint choice does not also pick the setting) and the highest mean J over the seeds is "
                       f"RIVET (ours) everywhere below. Test is never read. "
-                      + ("" if config.select.enabled else "`select.enabled` is off: the configured alpha is kept "
+                      + ("" if config.select.enabled else "`select.enabled` is off: the configured setting is kept "
                          "whatever validation says (the paper's fixed settings).")),
         "table2": ("`RIVET (ours)` is Table 1's RIVET Online on test: the same checkpoints rolled out with the same "
                    "seeds, hence the same accuracy, cost and regret; only `cost rel.` differs (relative to it here). "
                    "`w/o CQL` is the alpha = 0 run of the selection grid: where validation chose alpha 0 it is RIVET "
-                   "(ours) itself, row for row; the paper's alpha has its own row when validation chose another."),
+                   "(ours) itself, row for row; every other setting of the grid (the paper's among them) has a row "
+                   "of its own."),
         "lambda_sweep": (f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
                          f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', the "
                          f"same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative to "

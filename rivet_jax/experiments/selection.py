@@ -1,17 +1,20 @@
-"""Choosing the CQL weight on the validation split, as the paper chooses its hyperparameters
+"""Choosing the conservatism of the TD stage on the validation split, as the paper chooses its hyperparameters
 (`config.select`, used by `launch.reproduce`).
 
-Every alpha of the grid trains through all stages at every seed; each run's router (its best-validation online
-checkpoint) is rolled out `select.rollouts` times per validation task, and the alpha with the highest mean
-validation return J over the seeds becomes RIVET (ours): its ablations and lambda sweep train at that alpha. The
-test manifest is never read. The grid always holds alpha = 0 (the "w/o CQL" ablation, so it is trained once) and
-the configured `loss.alpha` (the paper's setting, reported beside the choice); `select.enabled = False` keeps the
-configured alpha without looking at validation (the paper's fixed settings).
+A setting is a CQL weight alpha and where CQL applies (`loss.cql_on`: every logged transition as in Eq. 10, or only
+those whose logged choice was a draw, see losses.py). Every setting of the grid trains through all stages at every
+seed; each run's router (its best-validation online checkpoint) is rolled out `select.rollouts` times per
+validation task, and the setting with the highest mean validation return J over the seeds becomes RIVET (ours):
+its ablations and lambda sweep train at that setting. The test manifest is never read. The grid always holds
+alpha = 0 (the "w/o CQL" ablation, so it is trained once) and the configured setting (the paper's, reported
+beside the choice); `select.enabled = False` keeps the configured setting without looking at validation (the
+paper's fixed settings).
 
 How many rollouts: one rollout of the 35 validation tasks has a J standard deviation of about 0.06, and the
 difference of two routers rolled out with the same seeds about as much (their episodes diverge after the first
 different choice). With 16 rollouts per task and 3 seeds an alpha's mean J has a standard error of about
-0.06 / sqrt(48) ~ 0.009, below the ~0.1 between alpha 0 and 0.1 measured on this benchmark.
+0.06 / sqrt(48) ~ 0.009, below the ~0.1 between alpha 0 and 0.1 measured on this benchmark (and the
+validation seed is not the one the online stage chose its checkpoint with, so that choice's luck does not carry).
 """
 
 from __future__ import annotations
@@ -31,17 +34,27 @@ from rivet_jax.experiments.common import MAIN
 from rivet_jax.router import Router
 
 
-def alpha_grid(config: ml_collections.ConfigDict) -> list[float]:
-    """The alphas trained: `select.alphas` (when selecting) with 0 and the configured alpha, ascending."""
-    alphas = {0.0, float(config.loss.alpha)}
+Setting = tuple[float, str]  # (loss.alpha, loss.cql_on): one conservatism setting of the grid
+
+
+def grid(config: ml_collections.ConfigDict) -> list[Setting]:
+    """The settings trained: alpha = 0 (w/o CQL), the configured setting (the paper's), and when selecting every
+    alpha > 0 of `select.alphas` with every `select.cql_on`; ascending."""
+    settings = {(0.0, "all"), (float(config.loss.alpha), config.loss.cql_on)}
     if config.select.enabled:
-        alphas |= {float(a) for a in config.select.alphas}
-    return sorted(alphas)
+        settings |= {(float(a), on) for a in config.select.alphas for on in config.select.cql_on if float(a) > 0}
+    return sorted(settings)
 
 
-def alpha_variant(alpha: float) -> str:
-    """A grid run's variant name (and so its directory under runs/)."""
-    return f"alpha_{alpha:g}"
+def overrides(setting: Setting) -> dict:
+    alpha, cql_on = setting
+    return {"loss.alpha": alpha, "loss.cql_on": cql_on}
+
+
+def variant(setting: Setting) -> str:
+    """A grid run's variant name (and so its directory under runs/): alpha_0.1, alpha_0.1_cql_stochastic."""
+    alpha, cql_on = setting
+    return f"alpha_{alpha:g}" + ("" if cql_on == "all" else f"_cql_{cql_on}")
 
 
 def validation_returns(sim: RouteSim, routers: Sequence[Router], split: str, rollouts: int, seed: int) -> list[float]:
@@ -51,44 +64,53 @@ def validation_returns(sim: RouteSim, routers: Sequence[Router], split: str, rol
             for r, e in zip(routers, episodes)]
 
 
-def select_alpha(config: ml_collections.ConfigDict, sim: RouteSim,
-                 dirs: dict[float, Sequence[Path]]) -> tuple[float, list[dict]]:
-    """(the chosen alpha, a row per alpha: mean and sd over seeds of the validation J, and whether chosen).
-    `dirs`: each alpha's run directories (one per seed), their online stage finished."""
+def select(config: ml_collections.ConfigDict, sim: RouteSim,
+           dirs: dict[Setting, Sequence[Path]]) -> tuple[Setting, list[dict]]:
+    """(the chosen setting, a row per setting: mean and sd over seeds of the validation J, whether chosen, whether
+    the paper's, and its router's name). `dirs`: each setting's run directories (one per seed), online finished."""
     s = config.select
+    paper = (float(config.loss.alpha), config.loss.cql_on)
     rows = []
-    for alpha, run_dirs in sorted(dirs.items()):
+    for setting, run_dirs in sorted(dirs.items()):
         returns = validation_returns(sim, [Router.from_checkpoint(d, stage="online") for d in run_dirs], s.split,
                                      s.rollouts, s.seed)
-        rows.append({"alpha": alpha, "seeds": len(returns), "val_return": float(np.mean(returns)),
-                     "val_return_sd": float(np.std(returns)), "per_seed": returns})
-    if s.enabled:
-        chosen = max(rows, key=lambda r: r["val_return"])["alpha"]
-    else:
-        chosen = float(config.loss.alpha)
+        rows.append({"alpha": setting[0], "cql_on": setting[1], "seeds": len(returns),
+                     "val_return": float(np.mean(returns)), "val_return_sd": float(np.std(returns)),
+                     "per_seed": returns})
+    best = max(rows, key=lambda r: r["val_return"])
+    chosen = (best["alpha"], best["cql_on"]) if s.enabled else paper
     for r in rows:
-        r["chosen"] = r["alpha"] == chosen
-        r["paper"] = r["alpha"] == float(config.loss.alpha)
-        r["router"] = (MAIN if r["chosen"] else "w/o CQL" if r["alpha"] == 0 else paper_row(config) if r["paper"]
-                       else f"RIVET (alpha={r['alpha']:g})")  # each run's name in Table 2 and the figures
+        setting = (r["alpha"], r["cql_on"])
+        r["chosen"], r["paper"] = setting == chosen, setting == paper
+        r["router"] = name(setting, config) if not r["chosen"] else MAIN  # its name in Table 2 and the figures
     return chosen, rows
 
 
-def paper_row(config: ml_collections.ConfigDict) -> str:
-    """Table 2's row of RIVET at the configured (paper's) alpha, when validation chose another."""
-    return f"RIVET (paper: alpha={config.loss.alpha:g})"
+def name(setting: Setting, config: ml_collections.ConfigDict) -> str:
+    """A setting's router name where it is not RIVET (ours): w/o CQL, the paper's, or its alpha and CQL scope."""
+    alpha, cql_on = setting
+    if alpha == 0:
+        return "w/o CQL"
+    if setting == (float(config.loss.alpha), config.loss.cql_on):
+        return f"RIVET (paper: alpha={alpha:g})"
+    return f"RIVET (alpha={alpha:g}" + (", CQL on draws)" if cql_on == "stochastic" else ")")
+
+
+def label(setting: Setting) -> str:
+    alpha, cql_on = setting
+    return f"alpha={alpha:g}" + (", CQL on draws" if cql_on == "stochastic" else "")
 
 
 def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Validation J per alpha, ± sd over seeds, each bar in its router's colour."""
     colours = report.completed_palette(rows, colours)
-    fig = Figure(figsize=(6, 3.6))
+    fig = Figure(figsize=(2 + 1.6 * len(rows), 3.6))
     ax = fig.subplots()
     report.bars(ax, rows, "val_return", colours)
-    ax.set_xticks(range(len(rows)), [f"alpha={r['alpha']:g}\n{r['router']}" for r in rows], fontsize=7,
-                  rotation=0)
+    ax.set_xticks(range(len(rows)), [f"{label((r['alpha'], r['cql_on']))}\n{r['router']}" for r in rows],
+                  fontsize=7, rotation=0)
     ax.set_ylabel("validation J (mean over seeds)")
     low = min(r["val_return"] - r["val_return_sd"] for r in rows)
     ax.set_ylim(bottom=max(0.0, low - 0.1) if low > 0 else None)
-    fig.suptitle("The CQL weight chosen on validation")
+    fig.suptitle("The conservatism setting chosen on validation")
     return report.save_figure(fig, path)
