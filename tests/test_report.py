@@ -58,7 +58,7 @@ def experiments() -> dict[str, list[dict]]:
         "selection": [{"alpha": a, "cql_on": "all", "router": n, "seeds": 2, "val_return": 0.6 + a,
                        "val_return_sd": 0.02,
                        "per_seed": [0.58 + a, 0.62 + a], "chosen": n == MAIN, "paper": a == 0.1}
-                      for a, n in ((0.0, "w/o CQL"), (0.01, MAIN), (0.1, "RIVET (paper: alpha=0.1)"))],
+                      for a, n in ((0.0, "w/o CQL"), (0.01, MAIN), (0.1, "RIVET (paper, alpha=0.1)"))],
         "diagnostics": [{"router": n, "stage": stage, "states_of": where, "seeds": 2, "states": 50, "rmse": 0.2,
                          "bias": -0.1, "argmax_agreement": 0.5, "value_lost": 0.02, "q_spread": 0.3,
                          "q_star_spread": 0.2, "same_as_previous": 0.6, "same_as_previous_oracle": 0.3,

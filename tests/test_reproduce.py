@@ -58,7 +58,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     assert [r["chosen"] for r in selected] == [r is chosen for r in selected]
     assert chosen["router"] == "RIVET (ours)"
     ablations = {"RIVET (ours)", "w/o CQL", "w/o RIVE", "w/o response"}
-    paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper: alpha=0.1)"}  # the paper's alpha beside the choice
+    paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper, alpha=0.1)"}  # the paper's alpha beside the choice
     assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper
     sweep = experiments["lambda_sweep"]["rows"]
     assert sorted({r["lambda"] for r in sweep}) == [0.0, 0.05, 0.5]
@@ -90,7 +90,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         shares = [v for k, v in r.items() if k.startswith(tuple(m[len("fixed:"):] for m in FIXED))]
         assert len(shares) == len(FIXED) and (r["turns"] == 0 or abs(sum(shares) - 1) < 1e-9)
     diagnosed = experiments["diagnostics"]["rows"]
-    paper = {"RIVET (paper: alpha=0.1)"} if any(r["chosen"] and r["alpha"] == 0 for r in
+    paper = {"RIVET (paper, alpha=0.1)"} if any(r["chosen"] and r["alpha"] == 0 for r in
                                                experiments["selection"]["rows"]) else set()
     assert {(r["router"], r["stage"], r["states_of"]) for r in diagnosed} == {
         (router, stage, where) for router in {"RIVET (ours)", "w/o CQL"} | paper for stage in ("td", "online")
@@ -100,7 +100,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5", "Q* diagnostics"):
         assert title in report
-    assert re.search(r"alpha=[\d.]+ chosen on 'validation' \(validation J alpha=0: -?[\d.]+, alpha=0\.1: -?[\d.]+\)",
+    assert re.search(r"alpha=[\d.]+ chosen on 'validation' \(validation J alpha=0: -?[\d.]+; alpha=0\.1: -?[\d.]+\)",
                      result.stderr)
     for plot in PLOTTED:
         assert (workdir / "results" / f"{plot}.png").stat().st_size > 10_000

@@ -39,5 +39,5 @@ def test_the_best_mean_over_seeds_wins_unless_selection_is_off(fake_validation, 
         (0.1, "all", pytest.approx(0.45), not enabled, True)]
     assert rows[0]["val_return_sd"] == pytest.approx(0.3) and rows[1]["per_seed"] == [0.7, 0.7]
     names = [r["router"] for r in rows]
-    assert names == (["w/o CQL", MAIN, "RIVET (paper: alpha=0.1)"] if enabled
+    assert names == (["w/o CQL", MAIN, "RIVET (paper, alpha=0.1)"] if enabled
                      else ["w/o CQL", "RIVET (alpha=0.01, CQL on draws)", MAIN])

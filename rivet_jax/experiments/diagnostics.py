@@ -217,28 +217,29 @@ def over_seeds(rows: list[dict]) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
-    """The report's figure of `over_seeds` rows: value lost per decision by turn on the visited states, and on the
-    logged states how often the router picks the model logged there against how often the oracle does."""
+    """The report's figure of `over_seeds` rows, the deployed (online) routers only: value lost per decision by turn
+    on the visited states, and on the logged states how often the router picks the model logged there against how
+    often the oracle does (the table has the TD checkpoints too)."""
+    rows = [r for r in rows if r["stage"] == "online"] or rows
     colours = report.completed_palette(rows, colours)
-    fig = Figure(figsize=(10, 3.8))
+    fig = Figure(figsize=(12, 4.6))
     left, right = fig.subplots(1, 2)
     for r in (r for r in rows if r["states_of"] == "visited"):
         lost = np.asarray(r["value_lost_by_turn"], float)
         turns = np.flatnonzero(np.isfinite(lost))
-        left.plot(turns, lost[turns], "o-" if r["stage"] == "online" else "s--", color=colours[r["router"]],
-                  label=f"{r['router']}: {r['stage']}")
+        left.plot(turns, lost[turns], "o-", color=colours[r["router"]], label=f"{r['router']}: {r['stage']}")
     left.set_xlabel("turn")
     left.set_ylabel("value lost per decision, V* - Q*(s, choice)")
     left.set_title("visited states", fontsize=9)
-    left.legend(fontsize=7)
+    left.legend(fontsize=7, loc="upper left")
     logged = [{**r, "label": f"{r['router']}: {r['stage']}"} for r in rows if r["states_of"] == "logged"]
     report.bars(right, logged, "same_as_logged", colours,
                 style=lambda r: {"color": colours[r["router"]], "label": r["label"]})
     right.set_xticks(range(len(logged)), [r["label"] for r in logged], fontsize=7, rotation=30, ha="right")
     if logged:
-        right.axhline(logged[0]["same_as_logged_oracle"], color=colours.get("oracle", "black"), linestyle=":",
-                      label="oracle")
-        right.legend(handles=right.get_lines(), fontsize=7)  # the oracle's share, for comparison
+        oracle = right.axhline(logged[0]["same_as_logged_oracle"], color=colours.get("oracle", "black"),
+                               linestyle=":", label="oracle")
+        right.legend(handles=[oracle], fontsize=7)  # the oracle's share, for comparison
     right.set_ylabel("share of choices = the logged model")
     right.set_title("logged states", fontsize=9)
     fig.suptitle("Learned Q_route against the exact Q*")

@@ -105,7 +105,7 @@ def stage_section(where: str, models) -> tuple[str, list]:
 _FIXED = ("#c7c7c7", "#dbdb8d", "#f7b6d2", "#c49c94", "#ffbb78", "#c5b0d5", "#98df8a", "#ff9896", "#9edae5")
 _BASELINES = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")
 _RIVET_MAIN, _RIVET_OFFLINE = "#1f77b4", "#6baed6"
-_RIVET_OTHER = ("#08306b", "#17becf", "#4b6cb7", "#9ecae1")
+_RIVET_OTHER = ("#08306b", "#17becf", "#4b6cb7", "#9ecae1", "#006d77", "#3f007d", "#83c5be", "#2b8cbe")
 _MARKERS = {"oracle": "*", "fixed": "s", "random": "X", "baseline": "^", "rivet": "o"}  # also the legends' order
 
 

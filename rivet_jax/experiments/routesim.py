@@ -305,7 +305,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     episodes_path, cards_path = corpus_files(corpus)
 
     settings = selection.grid(config)
-    log(f"train RIVET at every conservatism setting of `select` ({', '.join(map(selection.label, settings))}; "
+    listed = "; ".join(map(selection.label, settings))
+    log(f"train RIVET at every conservatism setting of `select` ({listed}; "
         f"alpha = 0 is the w/o CQL ablation): {len(settings)} x {len(rp.seeds)} seeds, the offline stages of all runs "
         f"together, then their online stages in lockstep", 2)
     by_setting = train_variants(config, episodes_path, cards_path, workdir,
@@ -318,7 +319,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     variants = {**{name: ({**at_chosen, **overrides}, "all") for name, overrides in ABLATIONS.items()
                    if name != "w/o CQL"},
                 **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
-    scores = ", ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
+    scores = "; ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
         f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)

@@ -92,7 +92,7 @@ def name(setting: Setting, config: ml_collections.ConfigDict) -> str:
     if alpha == 0:
         return "w/o CQL"
     if setting == (float(config.loss.alpha), config.loss.cql_on):
-        return f"RIVET (paper: alpha={alpha:g})"
+        return f"RIVET (paper, alpha={alpha:g})"
     return f"RIVET (alpha={alpha:g}" + (", CQL on draws)" if cql_on == "stochastic" else ")")
 
 
@@ -104,11 +104,12 @@ def label(setting: Setting) -> str:
 def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     """Validation J per alpha, ± sd over seeds, each bar in its router's colour."""
     colours = report.completed_palette(rows, colours)
-    fig = Figure(figsize=(2 + 1.6 * len(rows), 3.6))
+    fig = Figure(figsize=(2 + 1.4 * len(rows), 3.8))
     ax = fig.subplots()
     report.bars(ax, rows, "val_return", colours)
-    ax.set_xticks(range(len(rows)), [f"{label((r['alpha'], r['cql_on']))}\n{r['router']}" for r in rows],
-                  fontsize=7, rotation=0)
+    ax.set_xticks(range(len(rows)), [label((r["alpha"], r["cql_on"])).replace(", ", "\n")
+                                     + ("\n= RIVET (ours)" if r["chosen"] else "") for r in rows], fontsize=8,
+                  rotation=0)
     ax.set_ylabel("validation J (mean over seeds)")
     low = min(r["val_return"] - r["val_return_sd"] for r in rows)
     ax.set_ylim(bottom=max(0.0, low - 0.1) if low > 0 else None)
