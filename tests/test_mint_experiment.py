@@ -35,6 +35,14 @@ def test_tiny_mint_experiment(tmp_path):
     # the per-task oracle is at least as accurate as every committed policy (it sees the logged outcomes)
     assert all(rows["oracle (per task)"]["accuracy"] >= r["accuracy"] - 1e-12 for r in rows.values())
     assert rows["RIVET"]["encoder"] == "minilm"
+    # J next to accuracy and cost: random's is the mean of the fixed models' (it commits to each equally often), and
+    # the best-fixed floor is one of the fixed models, row for row
+    fixed = [r for name, r in rows.items() if name.startswith("fixed:")]
+    assert all(math.isfinite(r["return"]) for r in rows.values())
+    assert rows["random (expected)"]["return"] == pytest.approx(sum(r["return"] for r in fixed) / len(fixed))
+    floor = rows["Best fixed (train)"]
+    assert any((r["accuracy"], r["cost_usd"], r["return"]) == (floor["accuracy"], floor["cost_usd"], floor["return"])
+               for r in fixed)
     values = experiments["value_prediction"]["rows"]
     assert {v["variant"] for v in values} == {"beta=0", "beta=1", "zero response (beta=1)"}
     assert all(v["ci95_low"] <= v["mse"] <= v["ci95_high"] and v["seeds"] == 2 for v in values)

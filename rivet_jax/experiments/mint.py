@@ -34,6 +34,7 @@ from rivet_jax.data.mint import convert_mint, load_manifest
 from rivet_jax.data.replay import episode_rows, reference_cost
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.common import train_seeds
 from rivet_jax.experiments import traces
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
@@ -110,18 +111,20 @@ def _train(config, data: MintData, workdir: Path, variant: str, seed: int, overr
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-def committed(data: MintData, choose: Callable[[str], str], reference: float) -> dict:
-    """Accuracy and total cost on the test tasks when `choose(task_id)` commits to a model."""
-    picks = [data.table[(t, choose(t))] for t in data.split["test"]]
+def committed(data: MintData, choose: Callable[[str], str], reference: float, lam: float, gamma: float) -> dict:
+    """Accuracy, total cost and mean return J (Eq. 2 of the committed model's logged episode, at `lam` and c_ref) on
+    the test tasks when `choose(task_id)` commits to a model."""
+    chosen = [(t, choose(t)) for t in data.split["test"]]
+    picks = [data.table[key] for key in chosen]
     cost = float(sum(c for _, c in picks))
-    return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference}
+    return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference,
+            "return": float(np.mean([discounted_return(data.logged[key], lam, gamma, data.c_ref) for key in chosen]))}
 
 
-def _expected(data: MintData, reference: float) -> dict:
-    names = data.pool.names
-    acc = np.mean([[data.table[(t, m)][0] for m in names] for t in data.split["test"]])
-    cost = sum(np.mean([data.table[(t, m)][1] for m in names]) for t in data.split["test"])
-    return {"accuracy": float(acc), "cost_usd": float(cost), "cost_rel": float(cost / reference)}
+def _expected(data: MintData, reference: float, lam: float, gamma: float) -> dict:
+    """The random router's committed routing in expectation: every model equally likely per task."""
+    per_model = [committed(data, lambda t, m=m: m, reference, lam, gamma) for m in data.pool.names]
+    return {k: float(np.mean([p[k] for p in per_model])) for k in per_model[0]}
 
 
 def oracle_choice(data: MintData, task_id: str) -> str:
@@ -193,7 +196,7 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
 TABLES = {
     "committed_routing": ("Committed routing on the MINT test tasks (cost relative to the reference model)",
                           [("router", "router", -1), ("encoder", "encoder", -1), ("accuracy", "accuracy", 3),
-                           ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
+                           ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("return", "J", 3)]),
     "value_prediction": ("Value-prediction error on held-out tasks: MSE of Q_route(s_t, m_t) vs G_t (95% interval "
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
@@ -220,7 +223,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         f"{len(data.split['validation'])}, test {len(data.split['test'])} tasks; c_ref {data.c_ref:.6f}")
     exp = config.experiment
     ref_model = exp.reference_model if exp.reference_model in data.pool else data.pool.names[0]
-    reference = committed(data, lambda t: ref_model, 1.0)["cost_usd"]
+    lam, gamma = config.reward.lam, config.reward.gamma
+    reference = committed(data, lambda t: ref_model, 1.0, lam, gamma)["cost_usd"]
 
     log("[2/4] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
@@ -243,15 +247,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     choosers: dict[str, list[Callable[[str], str]]] = {}  # router -> its choice per seed, for the trace analyses
     for m in data.pool.names:
         choosers[f"fixed:{m}"] = [lambda t, m=m: m]
-    committed_rows = [{"router": name, "encoder": "", **committed(data, choose, reference)}
+    committed_rows = [{"router": name, "encoder": "", **committed(data, choose, reference, lam, gamma)}
                       for name, (choose,) in choosers.items()]
-    committed_rows.append({"router": "random (expected)", "encoder": "", **_expected(data, reference)})
+    committed_rows.append({"router": "random (expected)", "encoder": "", **_expected(data, reference, lam, gamma)})
     choosers["oracle (per task)"] = [lambda t: oracle_choice(data, t)]
     choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.pool.names)]
     choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0]]
     choosers[BEST_FIXED] = [lambda t: best_fixed]
     committed_rows += [{"router": name, "encoder": encoder_name if name in ("Weighted kNN", "MTRouter-style") else "",
-                        **committed(data, choosers[name][0], reference)}
+                        **committed(data, choosers[name][0], reference, lam, gamma)}
                        for name in ("oracle (per task)", BEST_FIXED, "Weighted kNN", "MTRouter-style")]
     named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
@@ -262,7 +266,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     for name, seeds in named.items():
         encoder = "hashing" if "hashing" in name else encoder_name
         choosers[name] = [_router_choice(r, data, stores[encoder]) for r in seeds]
-        per_seed = [committed(data, choose, reference) for choose in choosers[name]]
+        per_seed = [committed(data, choose, reference, lam, gamma) for choose in choosers[name]]
         committed_rows.append({"router": name, "encoder": encoder,
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]},
                                "accuracy_sd": float(np.std([p["accuracy"] for p in per_seed])),
@@ -277,14 +281,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[4/4] lambda sweep of committed routing")
     sweep_rows = []
-    for lam in exp.lambdas:
-        if float(lam) == float(config.reward.lam):
+    for sweep_lam in exp.lambdas:
+        if float(sweep_lam) == float(lam):
             seeds = routers["beta=1"][:len(exp.sweep_seeds)]
         else:
-            seeds = [_train(config, data, workdir, f"lambda={lam:g}", s, {"reward.lam": float(lam)}, log)
-                     for s in exp.sweep_seeds]
-        per_seed = [committed(data, _router_choice(r, data, store), reference) for r in seeds]
-        sweep_rows.append({"router": RIVET, "lambda": float(lam),
+            seeds = [_train(config, data, workdir, f"lambda={sweep_lam:g}", s, {"reward.lam": float(sweep_lam)},
+                            log) for s in exp.sweep_seeds]
+        per_seed = [committed(data, _router_choice(r, data, store), reference, float(sweep_lam), gamma)
+                    for r in seeds]
+        sweep_rows.append({"router": RIVET, "lambda": float(sweep_lam),
                            **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
