@@ -51,9 +51,6 @@ class States:
     histories: list[tuple[Turn, ...]]
     called: list[str]    # the model the logger (logged states) or the router (visited states) called
 
-    def __len__(self) -> int:
-        return len(self.task_ids)
-
     @property
     def turns(self) -> np.ndarray:
         return np.array([len(h) for h in self.histories])                                        # (N,)
@@ -101,16 +98,12 @@ def compare(q: np.ndarray, q_opt: np.ndarray, turns: np.ndarray, called: Sequenc
            "q_spread": float(np.mean(q.max(axis=1) - q.min(axis=1))),
            "q_star_spread": float(np.mean(q_opt.max(axis=1) - q_opt.min(axis=1))),
            "q_star_gap": float(np.median(ranked[:, -1] - ranked[:, -2]))}
-    if called is not None:
-        called = np.asarray(called)
-        out["same_as_logged"] = float(np.mean(chosen == called))
-        out["same_as_logged_oracle"] = float(np.mean(best == called))
-    if previous is not None:
-        later = np.asarray(previous) >= 0
-        out["same_as_previous"] = float(np.mean(chosen[later] == np.asarray(previous)[later])) if later.any() \
-            else float("nan")
-        out["same_as_previous_oracle"] = float(np.mean(best[later] == np.asarray(previous)[later])) if later.any() \
-            else float("nan")
+    for key, models in (("same_as_logged", called), ("same_as_previous", previous)):
+        if models is not None:
+            models = np.asarray(models)
+            at = models >= 0  # the previous model is -1 at turn 0: no such decision there
+            for suffix, picks in (("", chosen), ("_oracle", best)):
+                out[key + suffix] = float(np.mean(picks[at] == models[at])) if at.any() else float("nan")
     return out
 
 

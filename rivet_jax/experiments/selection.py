@@ -40,10 +40,15 @@ Setting = tuple[float, str]  # (loss.alpha, loss.cql_on): one conservatism setti
 def grid(config: ml_collections.ConfigDict) -> list[Setting]:
     """The settings trained: alpha = 0 (w/o CQL), the configured setting (the paper's), and when selecting every
     alpha > 0 of `select.alphas` with every `select.cql_on`; ascending."""
-    settings = {(0.0, "all"), (float(config.loss.alpha), config.loss.cql_on)}
+    settings = {(0.0, "all"), paper(config)}
     if config.select.enabled:
         settings |= {(float(a), on) for a in config.select.alphas for on in config.select.cql_on if float(a) > 0}
     return sorted(settings)
+
+
+def paper(config: ml_collections.ConfigDict) -> Setting:
+    """The configured setting (`config.loss`: the paper's unless overridden)."""
+    return float(config.loss.alpha), config.loss.cql_on
 
 
 def overrides(setting: Setting) -> dict:
@@ -69,7 +74,6 @@ def select(config: ml_collections.ConfigDict, sim: RouteSim,
     """(the chosen setting, a row per setting: mean and sd over seeds of the validation J, whether chosen, whether
     the paper's, and its router's name). `dirs`: each setting's run directories (one per seed), online finished."""
     s = config.select
-    paper = (float(config.loss.alpha), config.loss.cql_on)
     rows = []
     for setting, run_dirs in sorted(dirs.items()):
         returns = validation_returns(sim, [Router.from_checkpoint(d, stage="online") for d in run_dirs], s.split,
@@ -78,10 +82,10 @@ def select(config: ml_collections.ConfigDict, sim: RouteSim,
                      "val_return": float(np.mean(returns)), "val_return_sd": float(np.std(returns)),
                      "per_seed": returns})
     best = max(rows, key=lambda r: r["val_return"])
-    chosen = (best["alpha"], best["cql_on"]) if s.enabled else paper
+    chosen = (best["alpha"], best["cql_on"]) if s.enabled else paper(config)
     for r in rows:
         setting = (r["alpha"], r["cql_on"])
-        r["chosen"], r["paper"] = setting == chosen, setting == paper
+        r["chosen"], r["paper"] = setting == chosen, setting == paper(config)
         r["router"] = name(setting, config) if not r["chosen"] else MAIN  # its name in Table 2 and the figures
     return chosen, rows
 
@@ -91,7 +95,7 @@ def name(setting: Setting, config: ml_collections.ConfigDict) -> str:
     alpha, cql_on = setting
     if alpha == 0:
         return "w/o CQL"
-    if setting == (float(config.loss.alpha), config.loss.cql_on):
+    if setting == paper(config):
         return f"RIVET (paper, alpha={alpha:g})"
     return f"RIVET (alpha={alpha:g}" + (", CQL on draws)" if cql_on == "stochastic" else ")")
 
