@@ -4,6 +4,8 @@
     decision = router.route(task_prompt, history, available=["coder-m", "sage-s"])
     decision.model, decision.scores    # chosen model, {model: Q_route} for every candidate
 
+    ensemble = Router.ensemble([Router.from_checkpoint(d) for d in run_dirs])  # mean Q_route of several runs
+
 The router sees the task and the completed turns (response + feedback), serialized exactly as in training; never
 the response of the call it is about to make, and never which models answered earlier.
 """
@@ -71,16 +73,20 @@ def availability_mask(pool: ModelPool, available: Sequence[str] | None) -> np.nd
 
 
 class Router:
-    """Scores candidate models from pre-call information with a trained RVE."""
+    """Scores candidate models from pre-call information with a trained RVE, or with the mean of K trained RVEs
+    (`Router.ensemble`): `params` holds one run's parameters, or K runs' stacked on a leading member axis."""
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
-                 card_embeddings: np.ndarray, c_ref: float | None = None):
+                 card_embeddings: np.ndarray, c_ref: float | None = None, members: int | None = None):
         self.pool = pool
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
+        self.members = members or 1
         self._net = make_network(config)
-        self._params = rve_params(params)
+        single = rve_params(params)
+        self._params = single if members else jax.tree.map(lambda x: x[None], single)           # (K, ...)
+        self._card_embeddings = card_embeddings
         card_x, card_mask = card_features(pool)
         self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
 
@@ -107,6 +113,22 @@ class Router:
         card_embeddings = encoder.encode([card.description for card in pool.cards])
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
+    @classmethod
+    def ensemble(cls, members: Sequence["Router"]) -> "Router":
+        """One router whose Q_route is the mean of the members' (runs trained apart, e.g. with other seeds): a deep
+        ensemble. Values fitted to noisy TD targets differ from run to run by more than the real gaps between
+        candidates; their mean keeps what the runs agree on. The members must agree on everything but parameters."""
+        if not members:
+            raise ValueError("an ensemble needs at least one member router")
+        first = members[0]
+        for i, other in enumerate(members[1:], start=1):
+            differences = _ensemble_differences(first, other)
+            if differences:
+                raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
+        params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
+        return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
+                   members=sum(m.members for m in members))
+
     # ------------------------------------------------------------------------------------------------ scoring
 
     def state_text(self, task: str, history: Sequence[HistoryTurn]) -> str:
@@ -118,7 +140,7 @@ class Router:
     def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""
         h = np.asarray(h, np.float32)
-        q = np.asarray(_q_route(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards))[:len(h)]
+        q = np.asarray(_q_route_mean(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards))[:len(h)]
         if available is not None:
             q = np.where(np.broadcast_to(available, q.shape), q, -np.inf)
         return q
@@ -184,9 +206,22 @@ def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
     return jax.eval_shape(lambda: init_params(net, jax.random.key(0), state_dim, cards))
 
 
+def _ensemble_differences(a: Router, b: Router) -> list[str]:
+    """What makes two routers' scores incomparable (empty: they can be one ensemble)."""
+    checks = {"pool": (list(a.pool.names), list(b.pool.names)),
+              "encoder": (a.encoder.fingerprint, b.encoder.fingerprint),
+              "c_ref": (a.c_ref, b.c_ref),
+              "reward": (a.config.reward.to_dict(), b.config.reward.to_dict()),
+              "model": (a.config.model.to_dict(), b.config.model.to_dict()),
+              "max_state_tokens": (a.config.max_state_tokens, b.config.max_state_tokens)}
+    return [f"{what}: {x!r} != {y!r}" for what, (x, y) in checks.items() if x != y]
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _q_route(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
-    return net.apply({"params": params}, h, cards, method=RivetNet.q_route)
+def _q_route_mean(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
+    """Q_route (B, M) averaged over the members of stacked parameters (K, ...) (K = 1: one run's)."""
+    q = jax.vmap(lambda p: net.apply({"params": p}, h, cards, method=RivetNet.q_route))(params)   # (K, B, M)
+    return q.mean(axis=0)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from rivet_jax.experiments import report, routesim_report
-from rivet_jax.experiments.common import MAIN
+from rivet_jax.experiments.common import MAIN, ONE_RUN
 
 MODELS = ["a-pro", "b-mini", "c-9b"]
 FIXED = [f"fixed:{m}" for m in MODELS]
@@ -55,10 +55,11 @@ def experiments() -> dict[str, list[dict]]:
         "unavailability": unavailability, "interventions": interventions, "post_error": post_error,
         "stage_preferences": [{"router": n, "stage": stage, "turns": 10, **{m: 1 / len(MODELS) for m in MODELS}}
                               for n in LEARNED for stage in ("Analyze", "Solve", "Submit")],
-        "selection": [{"alpha": a, "cql_on": "all", "router": n, "seeds": 2, "val_return": 0.6 + a,
-                       "val_return_sd": 0.02,
-                       "per_seed": [0.58 + a, 0.62 + a], "chosen": n == MAIN, "paper": a == 0.1}
-                      for a, n in ((0.0, "w/o CQL"), (0.01, MAIN), (0.1, "RIVET (paper, alpha=0.1)"))],
+        "selection": [{"alpha": a, "cql_on": "all", "router": n, "members": k, "seeds": 2, "val_return": 0.6 + a,
+                       "val_return_sd": 0.02, "per_seed": [0.58 + a, 0.62 + a], "chosen": a == 0.01,
+                       "paper": a == 0.1}
+                      for a, n, k in ((0.0, "w/o CQL", 1), (0.01, ONE_RUN, 1), (0.1, "RIVET (paper, alpha=0.1)", 1),
+                                      (0.01, MAIN, 3))],
         "diagnostics": [{"router": n, "stage": stage, "states_of": where, "seeds": 2, "states": 50, "rmse": 0.2,
                          "bias": -0.1, "argmax_agreement": 0.5, "value_lost": 0.02, "q_spread": 0.3,
                          "q_star_spread": 0.2, "same_as_previous": 0.6, "same_as_previous_oracle": 0.3,

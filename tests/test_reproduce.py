@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from rivet_jax.experiments.common import MAIN, ONE_RUN
+
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
 PLOTTED = ("table2", "lambda_sweep", "online_curve", "unavailability", "interventions", "scatter", "post_error",
@@ -52,17 +54,21 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
         if row["router"].startswith("RIVET"):
             assert row["seeds"] == 2 and "accuracy_sd" in row  # mean and spread over the configured seeds
     # alpha chosen on validation among the tiny grid {0, 0.1}: the highest mean validation J over the seeds
+    # ... and RIVET (ours) averages 2 runs of the chosen setting per seed, validated beside them
     selected = experiments["selection"]["rows"]
-    assert [r["alpha"] for r in selected] == [0.0, 0.1] and all(r["seeds"] == 2 for r in selected)
-    chosen = max(selected, key=lambda r: r["val_return"])
-    assert [r["chosen"] for r in selected] == [r is chosen for r in selected]
-    assert chosen["router"] == "RIVET (ours)"
-    ablations = {"RIVET (ours)", "w/o CQL", "w/o RIVE", "w/o response"}
+    grid, averaged = selected[:-1], selected[-1]
+    assert [r["alpha"] for r in grid] == [0.0, 0.1] and all(r["seeds"] == 2 for r in selected)
+    chosen = max(grid, key=lambda r: r["val_return"])
+    assert [r["chosen"] for r in grid] == [r is chosen for r in grid]
+    assert chosen["router"] == ONE_RUN and [r["members"] for r in selected] == [1, 1, 2]
+    assert (averaged["router"], averaged["alpha"], averaged["chosen"]) == (MAIN, chosen["alpha"], True)
+    assert len({p.name for p in (workdir / "runs").glob("*_members/seed_*")}) == 2  # seeds 1000 + each seed
+    ablations = {MAIN, ONE_RUN, "w/o CQL", "w/o RIVE", "w/o response"}
     paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper, alpha=0.1)"}  # the paper's alpha beside the choice
     assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper
     sweep = experiments["lambda_sweep"]["rows"]
     assert sorted({r["lambda"] for r in sweep}) == [0.0, 0.05, 0.5]
-    assert {r["router"] for r in sweep} == {"oracle", "RIVET (ours)"}
+    assert {r["router"] for r in sweep} == {"oracle", ONE_RUN}  # one run per seed and lambda
     assert [r["trajectories"] for r in experiments["online_curve"]["rows"]] == [0, 4, 8]  # 0: the offline router
     unavailable = experiments["unavailability"]["rows"]
     assert {r["pool"] for r in unavailable} == {"w/o apex-pro", "w/o quill-9b"}
@@ -93,7 +99,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     paper = {"RIVET (paper, alpha=0.1)"} if any(r["chosen"] and r["alpha"] == 0 for r in
                                                experiments["selection"]["rows"]) else set()
     assert {(r["router"], r["stage"], r["states_of"]) for r in diagnosed} == {
-        (router, stage, where) for router in {"RIVET (ours)", "w/o CQL"} | paper for stage in ("td", "online")
+        (router, stage, where) for router in {MAIN, ONE_RUN, "w/o CQL"} | paper for stage in ("td", "online")
         for where in ("logged", "visited")}
     assert all(r["seeds"] == 2 and r["value_lost"] >= 0 for r in diagnosed)
     report = (workdir / "report.md").read_text()
@@ -158,12 +164,10 @@ def test_tiny_report_explains_numbers_that_repeat_or_differ(reproduction):
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     rows = {name: e["rows"] for name, e in experiments.items()}
     test = {r["router"]: r for r in rows["table1"] if r["split"] == "test"}
-    assert _same(next(r for r in rows["table2"] if r["router"] == "RIVET (ours)"), test["RIVET Online"])
-    assert _same(next(r for r in rows["lambda_sweep"] if r["router"] == "RIVET (ours)" and r["lambda"] == 0.05),
-                 test["RIVET Offline"])
+    assert _same(next(r for r in rows["table2"] if r["router"] == MAIN), test["RIVET Online"])
     assert all(r["cost_rel"] == pytest.approx(1.0) for r in rows["unavailability"] if r["router"] == "RIVET Online")
     report = (workdir / "report.md").read_text()
     curve = _section(report, "Figure 4")
     assert "with seed 0" in curve and "best-validation checkpoint" in curve and "with seed 1" in curve
-    assert "Table 1's RIVET Offline on test" in _section(report, "Figure 3")
+    assert f"at lambda = 0.05 it is `{ONE_RUN}`, not Table 1's RIVET Offline" in _section(report, "Figure 3")
     assert "Table 1's RIVET Online on test" in _section(report, "Table 2")

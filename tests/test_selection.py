@@ -1,11 +1,12 @@
 """Choosing the conservatism setting on validation (rivet_jax/experiments/selection.py): the grid, the choice, the
 names, the paper's switch."""
 
+import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax.experiments import selection
-from rivet_jax.experiments.common import MAIN, with_overrides
+from rivet_jax.experiments.common import MAIN, ONE_RUN, with_overrides
 
 
 def test_grid_always_holds_alpha_zero_and_the_configured_setting():
@@ -39,5 +40,15 @@ def test_the_best_mean_over_seeds_wins_unless_selection_is_off(fake_validation, 
         (0.1, "all", pytest.approx(0.45), not enabled, True)]
     assert rows[0]["val_return_sd"] == pytest.approx(0.3) and rows[1]["per_seed"] == [0.7, 0.7]
     names = [r["router"] for r in rows]
-    assert names == (["w/o CQL", MAIN, "RIVET (paper, alpha=0.1)"] if enabled
-                     else ["w/o CQL", "RIVET (alpha=0.01, CQL on draws)", MAIN])
+    assert names == (["w/o CQL", ONE_RUN, "RIVET (paper, alpha=0.1)"] if enabled  # RIVET (ours) averages 3 runs
+                     else ["w/o CQL", "RIVET (alpha=0.01, CQL on draws)", ONE_RUN])
+    _, rows = selection.select(with_overrides(config, {"reproduce.ensemble": 1}), None, returns)
+    assert [r["router"] for r in rows if r["chosen"]] == [MAIN]  # one run per seed: the chosen runs are ours
+
+
+def test_the_ensemble_row_validates_each_seeds_runs_averaged(fake_validation, monkeypatch):
+    monkeypatch.setattr(selection.Router, "ensemble", staticmethod(lambda routers: float(np.mean(routers))))
+    config = routesim_config.get_config()
+    row = selection.ensemble_row(config, None, (0.0, "all"), [[0.7, 0.9, 0.8], [0.6, 0.6, 0.9]])
+    assert row["per_seed"] == [pytest.approx(0.8), pytest.approx(0.7)] and row["val_return"] == pytest.approx(0.75)
+    assert (row["members"], row["seeds"], row["chosen"], row["paper"], row["router"]) == (3, 2, True, False, MAIN)

@@ -1,5 +1,6 @@
 """Training stages, checkpoints (resume, refusal), the launcher and the deployable Router, on tiny configs."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -149,6 +150,18 @@ def test_launcher_stages_then_router(tmp_path):
     assert batch.shape == (3, len(pool))
     np.testing.assert_allclose(batch[0], [decision.scores[n] for n in pool.names], rtol=1e-5)
     np.testing.assert_allclose(batch[2], batch[0], rtol=1e-6)
+
+    # An ensemble scores with the mean Q_route of its members (here the MC and TD checkpoints of one run), and only
+    # members that agree on everything but parameters combine.
+    states = [(episode.task.prompt, history), (episode.task.prompt, [])]
+    mc = Router.from_checkpoint(workdir, stage="mc")
+    both = Router.ensemble([mc, router])
+    np.testing.assert_allclose(both.scores(states), (mc.scores(states) + batch[:2]) / 2, rtol=1e-5, atol=1e-6)
+    assert both.members == 2 and Router.ensemble([both, router]).members == 3
+    other = copy.copy(mc)
+    other.config = with_overrides(mc.config, {"reward.lam": 0.5})
+    with pytest.raises(ValueError, match="member 1 does not match member 0: reward"):
+        Router.ensemble([router, other])
 
     # The router is the trained RVE: same numbers as the network on the training state embedding.
     config = tiny_config()

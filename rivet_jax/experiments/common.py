@@ -17,6 +17,13 @@ from rivet_jax import checkpointing, run_group, train
 from rivet_jax.progress import Progress
 
 MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
+ONE_RUN = "RIVET (ours, one run)"  # one run of it, where RIVET (ours) averages several (`reproduce.ensemble`)
+
+
+def member_seeds(seed: int, members: int) -> list[int]:
+    """The training seeds of one ensemble: the seed's own run, then seed + 1000, seed + 2000, ... (distinct across
+    an experiment's seeds while those are less than 1000 apart)."""
+    return [seed + 1000 * m for m in range(members)]
 
 
 def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:

@@ -42,7 +42,8 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
-from rivet_jax.experiments.common import MAIN, Progress, check_same_config, train_variants, with_overrides
+from rivet_jax.experiments.common import (MAIN, ONE_RUN, Progress, check_same_config, member_seeds, train_variants,
+                                         with_overrides)
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -161,8 +162,8 @@ def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list
     return [seed_row(name, split, per_seed, top, reference) for name, per_seed in metrics.items()]
 
 
-def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]]) -> list[dict]:
-    """RIVET and the oracle at each lambda (accuracy and cost do not depend on lambda's use in J)."""
+def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]], name: str = MAIN) -> list[dict]:
+    """RIVET (as `name`) and the oracle at each lambda (accuracy and cost do not depend on lambda's use in J)."""
     split, rows = ev.config.evaluate.split, []
     fixed = ev.exact(split, ev.config.reward.lam)  # a fixed model's accuracy and cost do not depend on lambda
     reference = fixed[oracle.most_accurate_fixed(fixed, ev.sim.pool.names)]["cost"]
@@ -170,7 +171,7 @@ def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]]) -> list[di
         best = ev.oracle(split, lam)
         top = best["return"]
         rows.append({**row("oracle", split, best, top, reference), "lambda": lam})
-        rows.append({**seed_row(MAIN, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
+        rows.append({**seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
                                  reference), "lambda": lam})
     return rows
 
@@ -248,13 +249,13 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
 
 
 def q_star_diagnostics(config: ml_collections.ConfigDict, sim, logged: Sequence,
-                       dirs: dict[str, Sequence[Path]]) -> list[dict]:
-    """Q_route of each named router's runs (TD and online checkpoints; one run per seed) against the exact Q*, on
-    logged states and on their own rollouts on `config.diagnose.split`; mean ± sd over seeds
-    (rivet_jax/experiments/diagnostics.py)."""
-    routers = [({"router": name, "run": f"{d.parent.name}/{d.name}", "stage": stage},
-                Router.from_checkpoint(d, stage=stage))
-               for name, run_dirs in dirs.items() for d in run_dirs for stage in ("td", "online")]
+                       dirs: dict[str, Sequence[Sequence[Path]]]) -> list[dict]:
+    """Q_route of each named router (per seed, the runs it averages: one, or an ensemble's) at its TD and online
+    checkpoints against the exact Q*, on logged states and on its own rollouts on `config.diagnose.split`; mean ± sd
+    over seeds (rivet_jax/experiments/diagnostics.py)."""
+    routers = [({"router": name, "run": f"{runs[0].parent.name}/{runs[0].name}", "stage": stage},
+                Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]))
+               for name, per_seed in dirs.items() for runs in per_seed for stage in ("td", "online")]
     d = config.diagnose
     return diagnostics.over_seeds(diagnostics.diagnose(sim, routers, logged, d.split, d.rollouts, d.seed,
                                                        d.max_logged_states))
@@ -324,6 +325,18 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
         f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
+    # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
+    extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
+    members = f"{selection.variant(chosen)}_members"
+    if extra:
+        log(f"train {len(extra)} more runs at {selection.label(chosen)} to average {rp.ensemble} per seed")
+    by_seed = dict(zip(extra, train_variants(config, episodes_path, cards_path, workdir,
+                                             {members: (at_chosen, "all")}, extra)[members] if extra else []))
+    ensembles = [[d] + [by_seed[s] for s in member_seeds(seed, rp.ensemble)[1:]]
+                 for seed, d in zip(rp.seeds, main_dirs)]
+    one_run = MAIN if rp.ensemble == 1 else ONE_RUN  # the chosen setting's single runs (Table 2, Figure 3)
+    if rp.ensemble > 1:
+        selected.append(selection.ensemble_row(config, sim, chosen, ensembles))
     ablation_dirs = {name: by_setting[selection.variant((0.0, "all"))] if name == "w/o CQL" else dirs[name]
                      for name in ABLATIONS}
     sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
@@ -338,23 +351,25 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
-    rollout_sets = (len(splits) * (fitted + 2 * seeds) + (1 + len(other_settings) + len(ABLATIONS)) * seeds
+    rollout_sets = (len(splits) * (fitted + 2 * seeds)
+                    + (1 + (one_run != MAIN) + len(other_settings) + len(ABLATIONS)) * seeds
                     + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
-    offline = [Router.from_checkpoint(d, stage="td") for d in main_dirs]
-    onlines = [Router.from_checkpoint(d, stage="online") for d in main_dirs]
+    offline, onlines = ([Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]) for runs in ensembles]
+                        for stage in ("td", "online"))
     experiments: dict[str, list[dict]] = {}
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
+    singles = {one_run: main_dirs} if one_run != MAIN else {}
     variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
-                                  for name, dirs in {**other_settings, **ablation_dirs}.items()}}
+                                  for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
     log("Table 2 done")
     sweep_stage = "online" if rp.sweep_stage == "all" else "td"
     experiments["lambda_sweep"] = lambda_sweep(ev, {
         sweep_lam: [Router.from_checkpoint(d, stage=sweep_stage) for d in dirs]
-        for sweep_lam, dirs in sweep_dirs.items()})
+        for sweep_lam, dirs in sweep_dirs.items()}, one_run)
     log("Figure 3 done")
     experiments["online_curve"] = online_curve(main_dirs, config.online.test_split)
     experiments["unavailability"] = unavailability(ev, baselines, onlines, lam)
@@ -366,15 +381,19 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
     experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, {
-        MAIN: main_dirs, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]})
+        MAIN: ensembles, **{name: [[d] for d in dirs] for name, dirs in
+                            {**singles, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]}.items()}})
     log("Q* diagnostics done")
 
     log("write the report", 6)
+    ensemble_note = ("" if rp.ensemble == 1 else
+                     f"; RIVET (ours), RIVET Offline and RIVET Online average Q_route over {rp.ensemble} runs per seed "
+                     f"(seed s: s, s + 1000, ...; `Router.ensemble`), every other RIVET row is one run per seed")
     meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
             "rollouts_per_task": config.evaluate.rollouts_per_task,
             "summary": (f"RouteSim (`configs/routesim.py`), hashing encoder, lambda = {lam}, c_ref = {c_ref:.6f} "
                         f"(mean per-turn cost of the logged corpus). RIVET rows: mean ± standard deviation over "
-                        f"seeds {list(rp.seeds)}. Oracle, fixed models and the random router are exact "
+                        f"seeds {list(rp.seeds)}{ensemble_note}. Oracle, fixed models and the random router are exact "
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
                         f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
                         f"'{rp.sweep_stage}'.")}

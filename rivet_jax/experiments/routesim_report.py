@@ -11,6 +11,7 @@ from typing import Sequence
 import ml_collections
 
 from rivet_jax.experiments import diagnostics, report, selection
+from rivet_jax.experiments.common import MAIN, ONE_RUN
 
 _MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3),
@@ -37,7 +38,8 @@ TABLES = {
                report.grouped_tables("split", _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:], _split_caption)),
     "scatter": ("Accuracy-cost scatter: Table 1 per split, with the oracle frontier on test", _frontier_table),
     "selection": ("How RIVET (ours) was chosen: the conservatism setting on the validation split",
-                  [("alpha", "alpha", -1), ("cql_on", "CQL on", -1), ("router", "run", -1), ("seeds", "seeds", -1),
+                  [("alpha", "alpha", -1), ("cql_on", "CQL on", -1), ("router", "router", -1),
+                   ("members", "runs averaged", -1), ("seeds", "seeds", -1),
                    ("val_return", "validation J", 4), ("chosen", "chosen", -1), ("paper", "paper's alpha", -1)]),
     "table2": ("Table 2: ablations on the test manifest (cost relative to RIVET (ours), online stage)",
                [("router", "configuration", -1), ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3),
@@ -70,6 +72,9 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
     """The text under each section whose numbers can look inconsistent with another's: what each is measured on.
     Every claim follows from the function computing the rows; `best_at`: each seed's best-validation trajectory."""
     ev, on, rp, lam = config.evaluate, config.online, config.reproduce, config.reward.lam
+    averaged = ("" if rp.ensemble == 1 else
+                f", each seed's Q_route averaged over {rp.ensemble} runs (`Router.ensemble`: the seed's own run and "
+                f"{rp.ensemble - 1} at seeds + 1000, + 2000, ...)")
     seeds, rollouts = len(rp.seeds), f"{ev.rollouts_per_task} time(s) per task with seed {ev.seed}"
     sweep = "Online" if rp.sweep_stage == "all" else "Offline"
     if on.eval_seed == ev.seed and on.eval_rollouts == ev.rollouts_per_task:
@@ -81,7 +86,8 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                    f"router).")
     return {
         "table1": (f"Learned routers are rolled out {rollouts} (the same random streams for every router); RIVET "
-                   f"Offline is each run's TD checkpoint, RIVET Online its best-validation online checkpoint. `cost "
+                   f"Offline is each run's TD checkpoint, RIVET Online its best-validation online checkpoint"
+                   f"{averaged}. `cost "
                    f"rel.` is relative to each split's own most accurate fixed model (named above its table): compare "
                    f"it within a table, not across splits. The scatter below is this table's figure."),
         "scatter": (f"The points are Table 1's rows, the same numbers; error bars: ± one standard deviation over "
@@ -94,18 +100,27 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                       f"checkpoint is rolled out {config.select.rollouts} times per '{config.select.split}' task "
                       f"(seed {config.select.seed}, not the online stage's validation seed {on.eval_seed}, so the "
                       f"checkpoint choice does not also pick the setting) and the highest mean J over the seeds is "
-                      f"RIVET (ours) everywhere below. Test is never read. "
+                      + ("RIVET (ours) everywhere below. " if rp.ensemble == 1 else
+                         f"the chosen setting. RIVET (ours) everywhere below averages Q_route over {rp.ensemble} runs "
+                         f"of it per seed (`runs averaged`), validated the same way beside its single runs "
+                         f"(`{ONE_RUN}`). ")
+                      + "Test is never read. "
                       + ("" if config.select.enabled else "`select.enabled` is off: the configured setting is kept "
                          "whatever validation says (the paper's fixed settings).")),
         "table2": ("`RIVET (ours)` is Table 1's RIVET Online on test: the same checkpoints rolled out with the same "
-                   "seeds, hence the same accuracy, cost and regret; only `cost rel.` differs (relative to it here). "
-                   "`w/o CQL` is the alpha = 0 run of the selection grid: where validation chose alpha 0 it is RIVET "
-                   "(ours) itself, row for row; every other setting of the grid (the paper's among them) has a row "
-                   "of its own."),
-        "lambda_sweep": (f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
-                         f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', the "
-                         f"same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative to "
-                         f"the test split's most accurate fixed model, as in Table 1."),
+                   "seeds, hence the same accuracy, cost and regret; only `cost rel.` differs (relative to it here)"
+                   + (". " if rp.ensemble == 1 else f", and it averages {rp.ensemble} runs per seed: compare the "
+                      f"ablations, one run each, with `{ONE_RUN}`, the first of them. ") +
+                   f"`w/o CQL` is the alpha = 0 run of the selection grid: where validation chose alpha 0 it is "
+                   f"`{MAIN if rp.ensemble == 1 else ONE_RUN}` itself, row for row; every other setting of the grid "
+                   f"(the paper's among them) has a row of its own."),
+        "lambda_sweep": ((f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
+                          if rp.ensemble == 1 else
+                          f"The sweep trains one run per seed and lambda: at lambda = {lam} it is `{ONE_RUN}`, not "
+                          f"Table 1's RIVET {sweep}, which averages {rp.ensemble} runs (the first of them: ")
+                         + f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', "
+                         f"the same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative "
+                         f"to the test split's most accurate fixed model, as in Table 1."),
         "online_curve": (f"Each point is the router while it adapts, after k online trajectories (k = 0: the offline "
                          f"TD router, before any update), rolled out on '{on.test_split}' {on.eval_rollouts} time(s) "
                          f"per task with seed {on.eval_seed}; mean ± sd over the seeds whose run reached k (`seeds`: "
