@@ -30,7 +30,7 @@ def test_tiny_mint_experiment(tmp_path):
                                 "stage_preferences"}
     rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
     assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
-            "RIVET", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
+            "RIVET", "RIVET (committed value: MC stage)", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
     assert rows["fixed:gpt-4-0613"]["cost_rel"] == pytest.approx(1.0)
     # the per-task oracle is at least as accurate as every committed policy (it sees the logged outcomes)
     assert all(rows["oracle (per task)"]["accuracy"] >= r["accuracy"] - 1e-12 for r in rows.values())
@@ -53,6 +53,10 @@ def test_tiny_mint_experiment(tmp_path):
     assert all(0 <= r["error_events"] <= r["turns"] for r in post.values())
     assert {(r["router"], r["stage"]) for r in experiments["stage_preferences"]["rows"]} == {
         (n, s) for n in post for s in ("Analyze", "Solve", "Submit")}
+    sweep = experiments["lambda_sweep"]["rows"]  # both stages of the same runs at every lambda
+    assert sorted((r["router"], r["lambda"]) for r in sweep if r["lambda"] != "") == [
+        (name, lam) for name in ("RIVET", "RIVET (committed value: MC stage)") for lam in (0.0, 0.5)]
+    assert "What committed routing can show" in (workdir / "report.md").read_text()
     assert "Table 7" in (workdir / "report.md").read_text()
     assert (workdir / "results" / "lambda_sweep.png").exists() and "Committed routing" in (
         workdir / "report.md").read_text()

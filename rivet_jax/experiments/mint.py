@@ -6,11 +6,14 @@ logged facts. Three experiments:
   committed_routing   each router picks a model from the first state (the task alone); that model's logged episode
                       gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
                       cheapest model that succeeded; if none did, the cheapest model), kNN, the MTRouter-style
-                      estimator, RIVET and its ablations; cost relative to the reference model (gpt-4-0613).
+                      estimator, RIVET (its TD router's first choice), RIVET's committed value (the same runs' MC
+                      stage) and its ablations; cost relative to the reference model (gpt-4-0613). See NOTES for
+                      what this protocol can and cannot show.
   value_prediction    held-out (test tasks) squared error of Q_route(s_t, m_t) against the realised return G_t over
                       every logged turn, for each beta and the zero-response ablation, mean and 95% interval over
                       seeds: Theorem 4.2 on real data, reported whichever way it comes out.
-  lambda_sweep        committed routing of RIVET trained at each lambda, against the fixed models and the oracle.
+  lambda_sweep        committed routing of RIVET (TD and MC stage) trained at each lambda, against the fixed models
+                      and the oracle.
 
 Layout: <workdir>/corpus/ (converted logs, train split), <workdir>/runs/<variant>/seed_<s>/ (MC + TD), report.md,
 results.json, results/.
@@ -43,6 +46,9 @@ from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
 RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
+# The same runs' MC-stage checkpoints: on logs of fixed-model episodes the MC target is the return of committing to
+# the called model, the value committed routing scores (TD's Q_route values calling it first, then routing freely).
+COMMITTED = "RIVET (committed value: MC stage)"
 # t quantiles (0.975) for 95% intervals over few seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -101,11 +107,15 @@ def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
 
 
 def _train(config, data: MintData, workdir: Path, variant: str, seed: int, overrides: dict,
-           log: Callable[[str], None]) -> Router:
-    """One offline (MC + TD) run of `variant` on the training split, as a router."""
+           log: Callable[[str], None]) -> Path:
+    """One offline (MC + TD) run of `variant` on the training split; its directory."""
     run_dir, = train_seeds(config, data.train_path, data.cards_path, workdir, variant, overrides, "offline", [seed],
                            log)
-    return Router.from_checkpoint(run_dir)
+    return run_dir
+
+
+def _routers(run_dirs: Sequence[Path], stage: str = "td") -> list[Router]:
+    return [Router.from_checkpoint(d, stage=stage) for d in run_dirs]
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -176,13 +186,14 @@ def _interval(values: Sequence[float]) -> dict:
 def _plot_sweep(rows: list[dict], path: Path) -> None:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    rivet = sorted((r for r in rows if r["router"] == RIVET), key=lambda r: r["cost_usd"])
-    ax.plot([r["cost_usd"] for r in rivet], [r["accuracy"] for r in rivet], "o-", label="RIVET (lambda sweep)")
-    for r in rivet:
-        ax.annotate(f"{r['lambda']:g}", (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, -9),
-                    textcoords="offset points")
+    for name, style in ((RIVET, "o-"), (COMMITTED, "D--")):
+        swept = sorted((r for r in rows if r["router"] == name), key=lambda r: r["cost_usd"])
+        ax.plot([r["cost_usd"] for r in swept], [r["accuracy"] for r in swept], style, label=f"{name} (lambda sweep)")
+        for r in swept:
+            ax.annotate(f"{r['lambda']:g}", (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, -9),
+                        textcoords="offset points")
     for r in rows:
-        if r["router"] != RIVET:
+        if r["router"] not in (RIVET, COMMITTED):
             ax.scatter(r["cost_usd"], r["accuracy"], marker="s" if r["router"] == "oracle" else "x")
             ax.annotate(r["router"], (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
@@ -193,6 +204,20 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
+NOTES = {
+    "committed_routing": (
+        "What committed routing can show: which model a router would commit to for a whole episode from the task "
+        "alone, scored exactly by that model's logged episode. What it cannot show: anything multi-turn. The logs "
+        "hold fixed-model episodes only, so a switch has no logged outcome, and RIVET's per-turn benefit (Table 1 "
+        "on RouteSim) is out of reach here. It also scores RIVET's deployed TD router on a question that router "
+        "was not asked: its Q_route(s_0, m) is the value of calling m first and then routing optimally, which at "
+        "small lambda is nearly the same for every first model (switching after a weak first turn costs little), so "
+        "its first choice is close to arbitrary for commitment. The value of committing to m is what the MC stage "
+        "regresses on from these fixed-model logs: `RIVET (committed value: MC stage)` is that estimate, from the "
+        "same runs. Neither need beat always calling the strongest model when one model dominates and 140 training "
+        "tasks leave per-task predictions noisier than its margin."),
+}
+
 TABLES = {
     "committed_routing": ("Committed routing on the MINT test tasks (cost relative to the reference model)",
                           [("router", "router", -1), ("encoder", "encoder", -1), ("accuracy", "accuracy", 3),
@@ -201,7 +226,8 @@ TABLES = {
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
                           ("ci95_low", "95% low", 4), ("ci95_high", "95% high", 4), ("seeds", "seeds", -1)]),
-    "lambda_sweep": ("Committed routing across lambda (RIVET) with the fixed models and the oracle",
+    "lambda_sweep": ("Committed routing across lambda (RIVET: TD and MC stage) with the fixed models and the "
+                     "oracle",
                      [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
 }
@@ -228,14 +254,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[2/4] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
-    routers = {name: [_train(config, data, workdir, name, s, overrides, log) for s in exp.seeds]
-               for name, overrides in variants.items()}
+    run_dirs = {name: [_train(config, data, workdir, name, s, overrides, log) for s in exp.seeds]
+                for name, overrides in variants.items()}
+    routers = {name: _routers(dirs) for name, dirs in run_dirs.items()}
     encoder_name = config.encoder.name
     hashing_routers = []
     if config.compare_hashing:
         hashing = {"encoder.name": "hashing", "encoder.dim": 1024}
-        hashing_routers = [_train(config, data, workdir, "hashing beta=1", s, {**hashing, "loss.beta": 1.0}, log)
-                           for s in exp.seeds]
+        hashing_routers = _routers([_train(config, data, workdir, "hashing beta=1", s,
+                                           {**hashing, "loss.beta": 1.0}, log) for s in exp.seeds])
 
     log("[3/4] fit the baselines and evaluate")
     train_eps = data.episodes["train"]
@@ -257,7 +284,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     committed_rows += [{"router": name, "encoder": encoder_name if name in ("Weighted kNN", "MTRouter-style") else "",
                         **committed(data, choosers[name][0], reference, lam, gamma)}
                        for name in ("oracle (per task)", BEST_FIXED, "Weighted kNN", "MTRouter-style")]
-    named = {RIVET: routers["beta=1"], NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
+    named = {RIVET: routers["beta=1"], COMMITTED: _routers(run_dirs["beta=1"], "mc"), NO_RIVE: routers["beta=0"],
+             NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers
     stores = {encoder_name: store}
@@ -283,14 +311,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     sweep_rows = []
     for sweep_lam in exp.lambdas:
         if float(sweep_lam) == float(lam):
-            seeds = routers["beta=1"][:len(exp.sweep_seeds)]
+            dirs = run_dirs["beta=1"][:len(exp.sweep_seeds)]
         else:
-            seeds = [_train(config, data, workdir, f"lambda={sweep_lam:g}", s, {"reward.lam": float(sweep_lam)},
-                            log) for s in exp.sweep_seeds]
-        per_seed = [committed(data, _router_choice(r, data, store), reference, float(sweep_lam), gamma)
-                    for r in seeds]
-        sweep_rows.append({"router": RIVET, "lambda": float(sweep_lam),
-                           **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
+            dirs = [_train(config, data, workdir, f"lambda={sweep_lam:g}", s, {"reward.lam": float(sweep_lam)},
+                           log) for s in exp.sweep_seeds]
+        for name, stage in ((RIVET, "td"), (COMMITTED, "mc")):
+            per_seed = [committed(data, _router_choice(r, data, store), reference, float(sweep_lam), gamma)
+                        for r in _routers(dirs, stage)]
+            sweep_rows.append({"router": name, "lambda": float(sweep_lam),
+                               **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
     committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]]
@@ -315,7 +344,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     tables = {**TABLES, "post_error": post_error_section(traced),
               "stage_preferences": stage_section(traced, data.pool.names)}
     write_outputs(workdir, experiments, meta, "RIVET on the MINT logs", tables=tables,
-                  plots={"lambda_sweep": _plot_sweep, "stage_preferences": plot_stage_preferences})
+                  plots={"lambda_sweep": _plot_sweep, "stage_preferences": plot_stage_preferences}, notes=NOTES)
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
 
