@@ -77,12 +77,14 @@ class Router:
     (`Router.ensemble`): `params` holds one run's parameters, or K runs' stacked on a leading member axis."""
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
-                 card_embeddings: np.ndarray, c_ref: float | None = None, members: int | None = None):
+                 card_embeddings: np.ndarray, c_ref: float | None = None, members: int | None = None,
+                 pessimism: float = 0.0):
         self.pool = pool
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
         self.members = members or 1
+        self.pessimism = float(pessimism)  # scores are mean - pessimism * sd over the members
         self._net = make_network(config)
         single = rve_params(params)
         self._params = single if members else jax.tree.map(lambda x: x[None], single)           # (K, ...)
@@ -114,12 +116,18 @@ class Router:
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
     @classmethod
-    def ensemble(cls, members: Sequence["Router"]) -> "Router":
+    def ensemble(cls, members: Sequence["Router"], pessimism: float = 0.0) -> "Router":
         """One router whose Q_route is the mean of the members' (runs trained apart, e.g. with other seeds): a deep
         ensemble. Values fitted to noisy TD targets differ from run to run by more than the real gaps between
-        candidates; their mean keeps what the runs agree on. The members must agree on everything but parameters."""
+        candidates; their mean keeps what the runs agree on. The members must agree on everything but parameters.
+
+        `pessimism` c > 0 scores mean - c * sd over the members, a lower confidence bound: a candidate the runs
+        disagree on (one the logs say little about at that state) is discounted, conservatism that, unlike Eq. 10,
+        does not push toward the model that wrote the history."""
         if not members:
             raise ValueError("an ensemble needs at least one member router")
+        if not (np.isfinite(pessimism) and pessimism >= 0):
+            raise ValueError(f"pessimism must be a finite number >= 0, got {pessimism!r}")
         first = members[0]
         for i, other in enumerate(members[1:], start=1):
             differences = _ensemble_differences(first, other)
@@ -127,7 +135,7 @@ class Router:
                 raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
-                   members=sum(m.members for m in members))
+                   members=sum(m.members for m in members), pessimism=pessimism)
 
     # ------------------------------------------------------------------------------------------------ scoring
 
@@ -140,7 +148,8 @@ class Router:
     def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""
         h = np.asarray(h, np.float32)
-        q = np.asarray(_q_route_mean(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards))[:len(h)]
+        q = np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards,
+                                      self.pessimism))[:len(h)]
         if available is not None:
             q = np.where(np.broadcast_to(available, q.shape), q, -np.inf)
         return q
@@ -218,10 +227,10 @@ def _ensemble_differences(a: Router, b: Router) -> list[str]:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _q_route_mean(net: RivetNet, params: dict, h: jax.Array, cards) -> jax.Array:
-    """Q_route (B, M) averaged over the members of stacked parameters (K, ...) (K = 1: one run's)."""
+def _q_route_lower(net: RivetNet, params: dict, h: jax.Array, cards, pessimism: float) -> jax.Array:
+    """Q_route (B, M) over the members of stacked parameters (K, ...): mean - pessimism * sd (K = 1: one run's)."""
     q = jax.vmap(lambda p: net.apply({"params": p}, h, cards, method=RivetNet.q_route))(params)   # (K, B, M)
-    return q.mean(axis=0)
+    return q.mean(axis=0) - pessimism * q.std(axis=0)
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -158,6 +158,12 @@ def test_launcher_stages_then_router(tmp_path):
     both = Router.ensemble([mc, router])
     np.testing.assert_allclose(both.scores(states), (mc.scores(states) + batch[:2]) / 2, rtol=1e-5, atol=1e-6)
     assert both.members == 2 and Router.ensemble([both, router]).members == 3
+    # pessimism c: mean - c * sd over the members; with two members the sd is half their difference
+    q_mc, q_td = mc.scores(states), batch[:2]
+    np.testing.assert_allclose(Router.ensemble([mc, router], pessimism=2.0).scores(states),
+                               (q_mc + q_td) / 2 - np.abs(q_mc - q_td), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="pessimism must be a finite number >= 0"):
+        Router.ensemble([mc, router], pessimism=-1.0)
     other = copy.copy(mc)
     other.config = with_overrides(mc.config, {"reward.lam": 0.5})
     with pytest.raises(ValueError, match="member 1 does not match member 0: reward"):
