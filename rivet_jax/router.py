@@ -77,17 +77,16 @@ class Router:
     (`Router.ensemble`): `params` holds one run's parameters, or K runs' stacked on a leading member axis."""
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
-                 card_embeddings: np.ndarray, c_ref: float | None = None, members: int | None = None,
+                 card_embeddings: np.ndarray, c_ref: float | None = None, stacked: bool = False,
                  pessimism: float = 0.0):
         self.pool = pool
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
-        self.members = members or 1
         self.pessimism = float(pessimism)  # scores are mean - pessimism * sd over the members
         self._net = make_network(config)
-        single = rve_params(params)
-        self._params = single if members else jax.tree.map(lambda x: x[None], single)           # (K, ...)
+        rve = rve_params(params)
+        self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
         self._card_embeddings = card_embeddings
         card_x, card_mask = card_features(pool)
         self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
@@ -135,7 +134,12 @@ class Router:
                 raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
-                   members=sum(m.members for m in members), pessimism=pessimism)
+                   stacked=True, pessimism=pessimism)
+
+    @property
+    def members(self) -> int:
+        """How many runs' RVEs the scores average (1: a single trained router)."""
+        return int(jax.tree.leaves(self._params)[0].shape[0])
 
     # ------------------------------------------------------------------------------------------------ scoring
 

@@ -21,10 +21,20 @@ def test_grid_always_holds_alpha_zero_and_the_configured_setting():
     assert selection.overrides((0.1, "stochastic")) == {"loss.alpha": 0.1, "loss.cql_on": "stochastic"}
 
 
+class _Run(float):
+    """A fake router: its validation return; one run."""
+    members = 1
+
+
+class _Averaged(float):
+    """A fake ensemble router: its validation return, and how many runs it averages."""
+    members = 3
+
+
 @pytest.fixture
 def fake_validation(monkeypatch):
     """Each run "directory" is its validation return; routers are read back as those numbers."""
-    monkeypatch.setattr(selection.Router, "from_checkpoint", staticmethod(lambda d, stage: d))
+    monkeypatch.setattr(selection.Router, "from_checkpoint", staticmethod(lambda d, stage: _Run(d)))
     monkeypatch.setattr(selection, "validation_returns", lambda sim, routers, split, rollouts, seed: list(routers))
 
 
@@ -46,9 +56,9 @@ def test_the_best_mean_over_seeds_wins_unless_selection_is_off(fake_validation, 
     assert [r["router"] for r in rows if r["chosen"]] == [MAIN]  # one run per seed: the chosen runs are ours
 
 
-def test_the_ensemble_row_validates_each_seeds_runs_averaged(fake_validation, monkeypatch):
-    monkeypatch.setattr(selection.Router, "ensemble", staticmethod(lambda routers: float(np.mean(routers))))
+def test_the_ensemble_row_validates_each_seeds_runs_averaged(fake_validation):
     config = routesim_config.get_config()
-    row = selection.ensemble_row(config, None, (0.0, "all"), [[0.7, 0.9, 0.8], [0.6, 0.6, 0.9]])
+    ensembles = [_Averaged(np.mean(runs)) for runs in ([0.7, 0.9, 0.8], [0.6, 0.6, 0.9])]
+    row = selection.ensemble_row(config, None, (0.0, "all"), ensembles)
     assert row["per_seed"] == [pytest.approx(0.8), pytest.approx(0.7)] and row["val_return"] == pytest.approx(0.75)
     assert (row["members"], row["seeds"], row["chosen"], row["paper"], row["router"]) == (3, 2, True, False, MAIN)

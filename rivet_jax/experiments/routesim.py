@@ -334,9 +334,12 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                                              {members: (at_chosen, "all")}, extra)[members] if extra else []))
     ensembles = [[d] + [by_seed[s] for s in member_seeds(seed, rp.ensemble)[1:]]
                  for seed, d in zip(rp.seeds, main_dirs)]
+    offline, onlines = ([Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]) for runs in ensembles]
+                        for stage in ("td", "online"))
     one_run = MAIN if rp.ensemble == 1 else ONE_RUN  # the chosen setting's single runs (Table 2, Figure 3)
-    if rp.ensemble > 1:
-        selected.append(selection.ensemble_row(config, sim, chosen, ensembles))
+    singles = {one_run: main_dirs} if one_run != MAIN else {}
+    if singles:
+        selected.append(selection.ensemble_row(config, sim, chosen, onlines))
     ablation_dirs = {name: by_setting[selection.variant((0.0, "all"))] if name == "w/o CQL" else dirs[name]
                      for name in ABLATIONS}
     sweep_dirs = {float(lam): main_dirs, **{x: dirs[f"lambda_{x}"] for x in other_lambdas}}
@@ -352,16 +355,13 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
     rollout_sets = (len(splits) * (fitted + 2 * seeds)
-                    + (1 + (one_run != MAIN) + len(other_settings) + len(ABLATIONS)) * seeds
+                    + (1 + len(singles) + len(other_settings) + len(ABLATIONS)) * seeds
                     + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
-    offline, onlines = ([Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]) for runs in ensembles]
-                        for stage in ("td", "online"))
     experiments: dict[str, list[dict]] = {}
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
-    singles = {one_run: main_dirs} if one_run != MAIN else {}
     variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
                                   for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)

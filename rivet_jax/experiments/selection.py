@@ -81,31 +81,33 @@ def select(config: ml_collections.ConfigDict, sim: RouteSim,
     s = config.select
     rows = []
     for setting, run_dirs in sorted(dirs.items()):
-        returns = validation_returns(sim, [Router.from_checkpoint(d, stage="online") for d in run_dirs], s.split,
-                                     s.rollouts, s.seed)
-        rows.append({"alpha": setting[0], "cql_on": setting[1], "members": 1, "seeds": len(returns),
-                     "val_return": float(np.mean(returns)), "val_return_sd": float(np.std(returns)),
-                     "per_seed": returns})
+        routers = [Router.from_checkpoint(d, stage="online") for d in run_dirs]
+        rows.append({"alpha": setting[0], "cql_on": setting[1], **_validated(config, sim, routers)})
     best = max(rows, key=lambda r: r["val_return"])
     chosen = (best["alpha"], best["cql_on"]) if s.enabled else paper(config)
+    deployed = MAIN if config.reproduce.ensemble == 1 else ONE_RUN
     for r in rows:
         setting = (r["alpha"], r["cql_on"])
         r["chosen"], r["paper"] = setting == chosen, setting == paper(config)
-        deployed = MAIN if config.reproduce.ensemble == 1 else ONE_RUN
         r["router"] = name(setting, config) if not r["chosen"] else deployed  # its name in Table 2 and the figures
     return chosen, rows
 
 
 def ensemble_row(config: ml_collections.ConfigDict, sim: RouteSim, chosen: Setting,
-                 ensembles: Sequence[Sequence[Path]]) -> dict:
-    """RIVET (ours) when it averages runs: a `select` row of the chosen setting whose router per seed is
-    `Router.ensemble` of that seed's run directories (online stage), validated with the grid's rollouts and seed."""
+                 ensembles: Sequence[Router]) -> dict:
+    """RIVET (ours) when it averages runs: a `select` row of the chosen setting whose router per seed is that
+    seed's `Router.ensemble` (online stage), validated with the grid's rollouts and seed."""
+    return {"alpha": chosen[0], "cql_on": chosen[1], **_validated(config, sim, ensembles), "chosen": True,
+            "paper": chosen == paper(config), "router": MAIN}
+
+
+def _validated(config: ml_collections.ConfigDict, sim: RouteSim, routers: Sequence[Router]) -> dict:
+    """A selection row's numbers: the runs averaged per router, and the validation J of each router (one per seed),
+    their mean and sd."""
     s = config.select
-    routers = [Router.ensemble([Router.from_checkpoint(d, stage="online") for d in dirs]) for dirs in ensembles]
     returns = validation_returns(sim, routers, s.split, s.rollouts, s.seed)
-    return {"alpha": chosen[0], "cql_on": chosen[1], "members": len(ensembles[0]), "seeds": len(returns),
-            "val_return": float(np.mean(returns)), "val_return_sd": float(np.std(returns)), "per_seed": returns,
-            "chosen": True, "paper": chosen == paper(config), "router": MAIN}
+    return {"members": routers[0].members, "seeds": len(returns), "val_return": float(np.mean(returns)),
+            "val_return_sd": float(np.std(returns)), "per_seed": returns}
 
 
 def name(setting: Setting, config: ml_collections.ConfigDict) -> str:
