@@ -127,8 +127,8 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                          f"a run that stops early has no later points). Table 1's RIVET Online is another "
                          f"measurement: each run's best-validation checkpoint (validated on '{on.validation_split}' "
                          f"every {on.validate_every} trajectories, {on.eval_rollouts} rollout(s) per task; here "
-                         f"after {list(best_at)} trajectories for seeds {list(rp.seeds)}, not necessarily a curve point), "
-                         f"rolled out {rollouts}. {streams}"),
+                         f"after {list(best_at)} trajectories for seeds {list(rp.seeds)}, not necessarily a curve "
+                         f"point), rolled out {rollouts}. {streams}"),
         "unavailability": ("`cost rel.` is relative to RIVET Online's mean cost in the same pool (1.000 in each), "
                            "not to a fixed model as in Table 1. Learned routers are rolled out with Table 1's seeds, "
                            "so one that never called the removed model repeats its Table 1 test row; the oracle, "
