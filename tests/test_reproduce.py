@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rivet_jax.experiments.common import MAIN, ONE_RUN
+from rivet_jax.experiments.common import MAIN, ONE_RUN, pessimistic
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
@@ -63,7 +63,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     assert chosen["router"] == ONE_RUN and [r["members"] for r in selected] == [1, 1, 2]
     assert (averaged["router"], averaged["alpha"], averaged["chosen"]) == (MAIN, chosen["alpha"], True)
     assert len({p.name for p in (workdir / "runs").glob("*_members/seed_*")}) == 2  # seeds 1000 + each seed
-    ablations = {MAIN, ONE_RUN, "w/o CQL", "w/o RIVE", "w/o response"}
+    ablations = {MAIN, ONE_RUN, pessimistic(1.0), "w/o CQL", "w/o RIVE", "w/o response"}
     paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper, alpha=0.1)"}  # the paper's alpha beside the choice
     assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper
     sweep = experiments["lambda_sweep"]["rows"]
@@ -99,9 +99,13 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     paper = {"RIVET (paper, alpha=0.1)"} if any(r["chosen"] and r["alpha"] == 0 for r in
                                                experiments["selection"]["rows"]) else set()
     assert {(r["router"], r["stage"], r["states_of"]) for r in diagnosed} == {
-        (router, stage, where) for router in {MAIN, ONE_RUN, "w/o CQL"} | paper for stage in ("td", "online")
+        (router, stage, where) for router in {MAIN, ONE_RUN, pessimistic(1.0), "w/o CQL"} | paper
+        for stage in ("td", "online")
         for where in ("logged", "visited")}
     assert all(r["seeds"] == 2 and r["value_lost"] >= 0 for r in diagnosed)
+    by = {(r["router"], r["stage"], r["states_of"]): r for r in diagnosed}
+    for stage in ("td", "online"):  # mean - sd over the same runs lies below their mean at every logged (s, m)
+        assert by[(pessimistic(1.0), stage, "logged")]["bias"] < by[(MAIN, stage, "logged")]["bias"]
     report = (workdir / "report.md").read_text()
     for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5", "Q* diagnostics"):

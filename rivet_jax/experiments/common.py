@@ -20,6 +20,11 @@ MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
 ONE_RUN = "RIVET (ours, one run)"  # one run of it, where RIVET (ours) averages several (`reproduce.ensemble`)
 
 
+def pessimistic(c: float) -> str:
+    """The row of RIVET (ours) scored as mean - c x sd over its runs (`Router.ensemble(..., pessimism=c)`)."""
+    return f"RIVET (ours, pessimism {c:g})"
+
+
 def member_seeds(seed: int, members: int) -> list[int]:
     """The training seeds of one ensemble: the seed's own run, then seed + 1000, seed + 2000, ... (distinct across
     an experiment's seeds while those are less than 1000 apart)."""

@@ -42,8 +42,8 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
-from rivet_jax.experiments.common import (MAIN, ONE_RUN, Progress, check_same_config, member_seeds, train_variants,
-                                         with_overrides)
+from rivet_jax.experiments.common import (MAIN, ONE_RUN, Progress, check_same_config, member_seeds, pessimistic,
+                                          train_variants, with_overrides)
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -249,12 +249,14 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
 
 
 def q_star_diagnostics(config: ml_collections.ConfigDict, sim, logged: Sequence,
-                       dirs: dict[str, Sequence[Sequence[Path]]]) -> list[dict]:
-    """Q_route of each named router (per seed, the runs it averages: one, or an ensemble's) at its TD and online
-    checkpoints against the exact Q*, on logged states and on its own rollouts on `config.diagnose.split`; mean ± sd
-    over seeds (rivet_jax/experiments/diagnostics.py)."""
+                       dirs: dict[str, Sequence[Sequence[Path]]], pessimism: dict[str, float] | None = None
+                       ) -> list[dict]:
+    """Q_route of each named router (per seed, the runs it averages: one, or an ensemble's, scored as mean -
+    pessimism[name] x sd where given) at its TD and online checkpoints against the exact Q*, on logged states and on
+    its own rollouts on `config.diagnose.split`; mean ± sd over seeds (rivet_jax/experiments/diagnostics.py)."""
+    pessimism = pessimism or {}
     routers = [({"router": name, "run": f"{runs[0].parent.name}/{runs[0].name}", "stage": stage},
-                Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]))
+                Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs], pessimism.get(name, 0.0)))
                for name, per_seed in dirs.items() for runs in per_seed for stage in ("td", "online")]
     d = config.diagnose
     return diagnostics.over_seeds(diagnostics.diagnose(sim, routers, logged, d.split, d.rollouts, d.seed,
@@ -338,6 +340,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         for stage in ("td", "online"))
     one_run = MAIN if rp.ensemble == 1 else ONE_RUN  # the chosen setting's single runs (Table 2, Figure 3)
     singles = {one_run: main_dirs} if one_run != MAIN else {}
+    # The ensemble-pessimism alternative to Eq. 10: the same runs scored as mean - c x sd (Table 2, diagnostics).
+    lower = {pessimistic(c): float(c) for c in rp.pessimism} if rp.ensemble > 1 else {}
     if singles:
         selected.append(selection.ensemble_row(config, sim, chosen, onlines))
     ablation_dirs = {name: by_setting[selection.variant((0.0, "all"))] if name == "w/o CQL" else dirs[name]
@@ -355,15 +359,18 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
     rollout_sets = (len(splits) * (fitted + 2 * seeds)
-                    + (1 + len(singles) + len(other_settings) + len(ABLATIONS)) * seeds
+                    + (1 + len(singles) + len(lower) + len(other_settings) + len(ABLATIONS)) * seeds
                     + len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
     experiments: dict[str, list[dict]] = {}
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
-    variants = {MAIN: onlines, **{name: [Router.from_checkpoint(d) for d in dirs]
-                                  for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
+    variants = {MAIN: onlines,
+                **{name: [Router.ensemble([Router.from_checkpoint(d) for d in runs], c) for runs in ensembles]
+                   for name, c in lower.items()},
+                **{name: [Router.from_checkpoint(d) for d in dirs]
+                   for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
     log("Table 2 done")
     sweep_stage = "online" if rp.sweep_stage == "all" else "td"
@@ -381,8 +388,10 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
     experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, {
-        MAIN: ensembles, **{name: [[d] for d in dirs] for name, dirs in
-                            {**singles, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]}.items()}})
+        MAIN: ensembles, **{name: ensembles for name in lower}, **{name: [[d] for d in dirs] for name, dirs in
+                                                                  {**singles, **other_settings,
+                                                                   "w/o CQL": ablation_dirs["w/o CQL"]}.items()}},
+        lower)
     log("Q* diagnostics done")
 
     log("write the report", 6)

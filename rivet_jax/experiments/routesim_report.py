@@ -11,7 +11,7 @@ from typing import Sequence
 import ml_collections
 
 from rivet_jax.experiments import diagnostics, report, selection
-from rivet_jax.experiments.common import MAIN, ONE_RUN
+from rivet_jax.experiments.common import MAIN, ONE_RUN, pessimistic
 
 _MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3),
@@ -113,7 +113,11 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                       f"ablations, one run each, with `{ONE_RUN}`, the first of them. ") +
                    f"`w/o CQL` is the alpha = 0 run of the selection grid: where validation chose alpha 0 it is "
                    f"`{MAIN if rp.ensemble == 1 else ONE_RUN}` itself, row for row; every other setting of the grid "
-                   f"(the paper's among them) has a row of its own."),
+                   f"(the paper's among them) has a row of its own."
+                   + ("" if rp.ensemble == 1 or not rp.pessimism else
+                      f" {', '.join(f'`{pessimistic(c)}`' for c in rp.pessimism)}: RIVET (ours)'s runs scored "
+                      f"as mean - c x sd over them instead of their mean (`Router.ensemble(..., pessimism=c)`, a "
+                      f"lower confidence bound: conservatism that does not push toward the logged model).")),
         "lambda_sweep": ((f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
                           if rp.ensemble == 1 else
                           f"The sweep trains one run per seed and lambda: at lambda = {lam} it is `{ONE_RUN}`, not "
