@@ -1,4 +1,4 @@
-"""What every experiment shares: config overrides, one run directory per (variant, seed), and the seed loop.
+"""What every experiment shares: config overrides, one run directory per (variant, seed), and the run groups.
 
     <workdir>/runs/<slug(variant)>/seed_<s>/    one training run (its checkpoints, metrics.jsonl)
     <workdir>/embeddings/                        the frozen-encoder cache every run of the experiment shares
@@ -7,9 +7,8 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import ml_collections
 
@@ -50,23 +49,6 @@ def run_config(config: ml_collections.ConfigDict, episodes: Path, cards: Path, w
     return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards),
                                    "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
                                    "stage": stage, **overrides})
-
-
-def train_seeds(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, variant: str,
-                overrides: dict[str, Any], stage: str, seeds: Sequence[int], log: Callable[[str], None],
-                progress: Progress | None = None) -> list[Path]:
-    """Trains (or resumes) `variant` once per seed into <workdir>/runs/<slug>/seed_<s>/; returns those directories.
-    Each finished run is one unit of `progress`."""
-    dirs = []
-    for seed in seeds:
-        directory = run_dir(workdir, variant, seed)
-        started = time.perf_counter()
-        train.train(run_config(config, episodes, cards, workdir, seed, overrides, stage), directory)
-        log(f"trained {variant} seed {seed} ({stage}) in {time.perf_counter() - started:.1f}s")
-        dirs.append(directory)
-        if progress is not None:
-            progress.step()
-    return dirs
 
 
 def run_dir(workdir: Path, variant: str, seed: int) -> Path:

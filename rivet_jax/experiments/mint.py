@@ -38,7 +38,7 @@ from rivet_jax.data.replay import episode_rows, reference_cost
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.evaluation import discounted_return
-from rivet_jax.experiments.common import train_seeds
+from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
                                           write_outputs)
@@ -106,12 +106,12 @@ def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
 # ------------------------------------------------------------------------------------------------ training
 
 
-def _train(config, data: MintData, workdir: Path, variant: str, seed: int, overrides: dict,
-           log: Callable[[str], None]) -> Path:
-    """One offline (MC + TD) run of `variant` on the training split; its directory."""
-    run_dir, = train_seeds(config, data.train_path, data.cards_path, workdir, variant, overrides, "offline", [seed],
-                           log)
-    return run_dir
+def _train(config, data: MintData, workdir: Path, variants: dict[str, dict], seeds: Sequence[int]
+           ) -> dict[str, list[Path]]:
+    """Offline (MC + TD) runs of every variant (name -> config overrides) at every seed on the training split, as
+    one run group (one compiled program per stage, rivet_jax/run_group.py); each variant's directories."""
+    return train_variants(config, data.train_path, data.cards_path, workdir,
+                          {name: (overrides, "offline") for name, overrides in variants.items()}, seeds)
 
 
 def _routers(run_dirs: Sequence[Path], stage: str = "td") -> list[Router]:
@@ -254,15 +254,14 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[2/4] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
-    run_dirs = {name: [_train(config, data, workdir, name, s, overrides, log) for s in exp.seeds]
-                for name, overrides in variants.items()}
+    run_dirs = _train(config, data, workdir, variants, exp.seeds)
     routers = {name: _routers(dirs) for name, dirs in run_dirs.items()}
     encoder_name = config.encoder.name
     hashing_routers = []
     if config.compare_hashing:
         hashing = {"encoder.name": "hashing", "encoder.dim": 1024}
-        hashing_routers = _routers([_train(config, data, workdir, "hashing beta=1", s,
-                                           {**hashing, "loss.beta": 1.0}, log) for s in exp.seeds])
+        hashing_routers = _routers(_train(config, data, workdir, {"hashing beta=1": {**hashing, "loss.beta": 1.0}},
+                                          exp.seeds)["hashing beta=1"])
 
     log("[3/4] fit the baselines and evaluate")
     train_eps = data.episodes["train"]
@@ -309,12 +308,11 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[4/4] lambda sweep of committed routing")
     sweep_rows = []
+    swept = _train(config, data, workdir, {f"lambda={x:g}": {"reward.lam": float(x)} for x in exp.lambdas
+                                           if float(x) != float(lam)}, exp.sweep_seeds)
     for sweep_lam in exp.lambdas:
-        if float(sweep_lam) == float(lam):
-            dirs = run_dirs["beta=1"][:len(exp.sweep_seeds)]
-        else:
-            dirs = [_train(config, data, workdir, f"lambda={sweep_lam:g}", s, {"reward.lam": float(sweep_lam)},
-                           log) for s in exp.sweep_seeds]
+        dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
+                else swept[f"lambda={sweep_lam:g}"])
         for name, stage in ((RIVET, "td"), (COMMITTED, "mc")):
             per_seed = [committed(data, _router_choice(r, data, store), reference, float(sweep_lam), gamma)
                         for r in _routers(dirs, stage)]
