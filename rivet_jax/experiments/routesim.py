@@ -367,8 +367,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
     variants = {MAIN: onlines,
-                **{name: [Router.ensemble([Router.from_checkpoint(d) for d in runs], c) for runs in ensembles]
-                   for name, c in lower.items()},
+                **{name: [Router.ensemble([ours], c) for ours in onlines] for name, c in lower.items()},  # no reload
                 **{name: [Router.from_checkpoint(d) for d in dirs]
                    for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
@@ -387,11 +386,10 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
+    one_each = {**singles, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]}  # one run per seed
     experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, {
-        MAIN: ensembles, **{name: ensembles for name in lower}, **{name: [[d] for d in dirs] for name, dirs in
-                                                                  {**singles, **other_settings,
-                                                                   "w/o CQL": ablation_dirs["w/o CQL"]}.items()}},
-        lower)
+        MAIN: ensembles, **{name: ensembles for name in lower},
+        **{name: [[d] for d in dirs] for name, dirs in one_each.items()}}, pessimism=lower)
     log("Q* diagnostics done")
 
     log("write the report", 6)
