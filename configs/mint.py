@@ -34,6 +34,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.experiment.knn_k = 10
     config.experiment.mtrouter_epochs = 20
     config.experiment.reference_model = "gpt-4-0613"  # the paper's cost reference: its strongest model
+    # Validated commitment: the shrinkage grid toward the per-model floor, searched in this order (ties keep the
+    # earlier, less shrunk value); 0 = the best fixed model by training return.
+    config.experiment.shrinkage = (1.0, 0.75, 0.5, 0.25, 0.0)
 
     if arg == "tiny":
         config.experiment.seeds = (0, 1)

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from rivet_jax.experiments.mint import oracle_choice
+from types import SimpleNamespace
+
+import numpy as np
+
+from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.experiments.mint import VALIDATED, oracle_choice, recentred, validated_commitment
 
 REPO = Path(__file__).resolve().parents[1]
 MINT = REPO.parent / "shared" / "mint"
@@ -26,8 +31,8 @@ def test_tiny_mint_experiment(tmp_path):
                             text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
-    assert set(experiments) == {"committed_routing", "value_prediction", "lambda_sweep", "post_error",
-                                "stage_preferences"}
+    assert set(experiments) == {"committed_routing", "commitment_selection", "value_prediction", "lambda_sweep",
+                                "post_error", "stage_preferences"}
     rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
     assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
             "RIVET", "RIVET (committed value: MC stage)", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
@@ -55,7 +60,20 @@ def test_tiny_mint_experiment(tmp_path):
         (n, s) for n in post for s in ("Analyze", "Solve", "Submit")}
     sweep = experiments["lambda_sweep"]["rows"]  # both stages of the same runs at every lambda
     assert sorted((r["router"], r["lambda"]) for r in sweep if r["lambda"] != "") == [
-        (name, lam) for name in ("RIVET", "RIVET (committed value: MC stage)") for lam in (0.0, 0.5)]
+        (name, lam) for name in ("RIVET", "RIVET (committed value: MC stage)", VALIDATED) for lam in (0.0, 0.5)]
+    # The validated commitment: one chosen (stage, k) per lambda, the best validation J of its lambda's rows; at
+    # k = 0 it is the best fixed model, choice for choice.
+    selection = experiments["commitment_selection"]["rows"]
+    for lam in {r["lambda"] for r in selection}:
+        rows_at = [r for r in selection if r["lambda"] == lam]
+        assert len(rows_at) == 10 and [r["chosen"] for r in rows_at].count("yes") == 1
+        chosen = next(r for r in rows_at if r["chosen"])
+        assert chosen["validation_return"] == max(r["validation_return"] for r in rows_at)
+    chosen = next(r for r in selection if r["chosen"] and r["lambda"] == 0.05)  # the config's lambda, 2 runs
+    assert chosen["seeds"] == 2
+    if chosen["shrinkage_k"] == 0:
+        assert rows[VALIDATED]["return"] == pytest.approx(floor["return"])
+    assert ("RIVET (validated commitment)", 0.5) in {(r["router"], r["lambda"]) for r in sweep}
     assert "What committed routing can show" in (workdir / "report.md").read_text()
     assert "Table 7" in (workdir / "report.md").read_text()
     assert (workdir / "results" / "lambda_sweep.png").exists() and "Committed routing" in (
@@ -75,3 +93,57 @@ class _Data:
 def test_oracle_choice_by_hand():
     assert oracle_choice(_Data, "t1") == "b"
     assert oracle_choice(_Data, "t2") == "c"
+
+
+def test_recentred_by_hand():
+    q = np.array([[1.0, 0.0], [0.0, 1.0]])
+    floor = np.array([0.2, 0.1])
+    np.testing.assert_allclose(recentred(q, q, floor, 0.0), [[0.2, 0.1], [0.2, 0.1]])
+    np.testing.assert_allclose(recentred(q, q, floor, 1.0), [[0.7, -0.4], [-0.3, 0.6]])
+
+
+def _one_turn(task_id: str, model: str, outcome: int) -> Episode:
+    turn = Turn(model=model, response="r", feedback="", prompt_tokens=1, completion_tokens=1, cost=0.0)
+    return Episode(f"{task_id}/{model}", Task(task_id, task_id), (turn,), outcome)
+
+
+class _Scorer:
+    """A router whose Q_route(s_0) is the task's row of `q` (the fake store's 'embedding'), optionally reversed."""
+
+    pool = SimpleNamespace(names=("a", "b"))
+
+    def __init__(self, reverse: bool = False):
+        self.reverse = reverse
+
+    def state_text(self, prompt, history):
+        return prompt
+
+    def scores_from_embeddings(self, h):
+        return h[:, ::-1] if self.reverse else h
+
+
+def test_validated_commitment_by_hand():
+    # Outcomes (lambda 0, no cost: J = outcome). Training: a solves t1 and t2, b only t1, so the floor is a 1.0,
+    # b 0.5. Validation: v1 only b, v2 only a. Test task u.
+    outcomes = {"t1": (1, 1), "t2": (1, 0), "v1": (0, 1), "v2": (1, 0), "u": (1, 1)}
+    logged = {(t, m): _one_turn(t, m, y[i]) for t, y in outcomes.items() for i, m in enumerate("ab")}
+    data = SimpleNamespace(
+        pool=_Scorer.pool, c_ref=1.0, split={"train": ["t1", "t2"], "validation": ["v1", "v2"], "test": ["u"]},
+        tasks={t: Task(t, t) for t in outcomes}, logged=logged,
+        table={key: (e.outcome, 0.0) for key, e in logged.items()},
+        episodes={"train": [logged[(t, m)] for t in ("t1", "t2") for m in "ab"]})
+    q = {"t1": [0.5, 0.5], "t2": [0.5, 0.5], "v1": [0.0, 1.0], "v2": [1.0, 0.0], "u": [0.2, 0.9]}
+    store = SimpleNamespace(embed=lambda texts: np.array([q[t] for t in texts]))
+    grid = (1.0, 0.75, 0.5, 0.25, 0.0)
+    # recentred: v1 -> (1 - k/2, 1/2 + k/2), b iff k > 1/2, v2 -> a for every k: J 1 for k in {1, 0.75}, else 1/2.
+    # The informative router wins at k = 1 (the first of the tie); on u it scores (0.7, 0.9) -> b.
+    choose, rows = validated_commitment({"td": [_Scorer()], "mc": [_Scorer(reverse=True)]}, data, store, 0.0, 1.0,
+                                        grid)
+    assert [(r["stage"], r["shrinkage_k"], r["validation_return"]) for r in rows] == [
+        ("td", 1.0, 1.0), ("td", 0.75, 1.0), ("td", 0.5, 0.5), ("td", 0.25, 0.5), ("td", 0.0, 0.5),
+        ("mc", 1.0, 0.0), ("mc", 0.75, 0.0), ("mc", 0.5, 0.5), ("mc", 0.25, 0.5), ("mc", 0.0, 0.5)]
+    assert [r["chosen"] for r in rows].index("yes") == 0 and choose[0]("u") == "b"
+    # The reversed router alone: its best validation J (1/2) first reached at k = 0.5, where u scores
+    # (1 + 0.5 x 0.4, 0.5 - 0.5 x 0.3) = (1.2, 0.35) -> a.
+    choose, rows = validated_commitment({"mc": [_Scorer(reverse=True)]}, data, store, 0.0, 1.0, grid)
+    assert [r["shrinkage_k"] for r in rows if r["chosen"]] == [0.5] and choose[0]("u") == "a"

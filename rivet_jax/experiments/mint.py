@@ -7,13 +7,16 @@ logged facts. Three experiments:
                       gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
                       cheapest model that succeeded; if none did, the cheapest model), kNN, the MTRouter-style
                       estimator, RIVET (its TD router's first choice), RIVET's committed value (the same runs' MC
-                      stage) and its ablations; cost relative to the reference model (gpt-4-0613). See NOTES for
-                      what this protocol can and cannot show.
+                      stage), RIVET's validated commitment (below) and its ablations; cost relative to the reference
+                      model (gpt-4-0613). See NOTES for what this protocol can and cannot show.
+  commitment_selection  the validated commitment: each run's first-state scores recentred on every model's mean
+                      logged return over the training tasks, the task-specific part shrunk by k; the stage (TD or
+                      MC) and k with the best mean validation J over seeds are the ones scored on test.
   value_prediction    held-out (test tasks) squared error of Q_route(s_t, m_t) against the realised return G_t over
                       every logged turn, for each beta and the zero-response ablation, mean and 95% interval over
                       seeds: Theorem 4.2 on real data, reported whichever way it comes out.
-  lambda_sweep        committed routing of RIVET (TD and MC stage) trained at each lambda, against the fixed models
-                      and the oracle.
+  lambda_sweep        committed routing of RIVET (TD, MC stage, validated commitment) trained at each lambda, against
+                      the fixed models and the oracle.
 
 Layout: <workdir>/corpus/ (converted logs, train split), <workdir>/runs/<variant>/seed_<s>/ (MC + TD), report.md,
 results.json, results/.
@@ -49,6 +52,8 @@ RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
 # The same runs' MC-stage checkpoints: on logs of fixed-model episodes the MC target is the return of committing to
 # the called model, the value committed routing scores (TD's Q_route values calling it first, then routing freely).
 COMMITTED = "RIVET (committed value: MC stage)"
+# Both stages' scores recentred on the per-model floor and shrunk toward it, stage and shrinkage chosen on validation.
+VALIDATED = "RIVET (validated commitment)"
 # t quantiles (0.975) for 95% intervals over few seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -121,10 +126,11 @@ def _routers(run_dirs: Sequence[Path], stage: str = "td") -> list[Router]:
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-def committed(data: MintData, choose: Callable[[str], str], reference: float, lam: float, gamma: float) -> dict:
+def committed(data: MintData, choose: Callable[[str], str], reference: float, lam: float, gamma: float,
+              split: str = "test") -> dict:
     """Accuracy, total cost and mean return J (Eq. 2 of the committed model's logged episode, at `lam` and c_ref) on
-    the test tasks when `choose(task_id)` commits to a model."""
-    chosen = [(t, choose(t)) for t in data.split["test"]]
+    the split's tasks when `choose(task_id)` commits to a model."""
+    chosen = [(t, choose(t)) for t in data.split[split]]
     picks = [data.table[key] for key in chosen]
     cost = float(sum(c for _, c in picks))
     return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference,
@@ -144,13 +150,56 @@ def oracle_choice(data: MintData, task_id: str) -> str:
     return min(solved, key=lambda m: costs[m][1])
 
 
-def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Callable[[str], str]:
-    """The router's first-state choice for every test task, scored in one batch from cached embeddings."""
-    task_ids = data.split["test"]
-    h = store.embed([router.state_text(data.tasks[t].prompt, []) for t in task_ids])   # (T, D)
-    best = np.argmax(router.scores_from_embeddings(h), axis=1)
-    choices = {t: router.pool.names[int(b)] for t, b in zip(task_ids, best)}
+def _first_state_scores(router: Router, data: MintData, store: EmbeddingStore, split: str) -> np.ndarray:
+    """Q_route(s_0, m) (T, M) for the split's tasks, in one batch from cached embeddings."""
+    h = store.embed([router.state_text(data.tasks[t].prompt, []) for t in data.split[split]])   # (T, D)
+    return router.scores_from_embeddings(h)
+
+
+def _argmax_choice(scores: np.ndarray, names: Sequence[str], task_ids: Sequence[str]) -> Callable[[str], str]:
+    """task id -> the model with the highest score (T, M) on that task's row."""
+    choices = {t: names[int(b)] for t, b in zip(task_ids, np.argmax(scores, axis=1))}
     return choices.__getitem__
+
+
+def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Callable[[str], str]:
+    """The router's first-state choice for every test task."""
+    return _argmax_choice(_first_state_scores(router, data, store, "test"), router.pool.names, data.split["test"])
+
+
+def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -> np.ndarray:
+    """Committed-value scores (T, M): each model's mean logged return over the training tasks (`floor`, (M,)) plus k
+    times the router's task-specific deviation from its own training mean (`q_train`, (N, M)).
+
+    k = 0 commits to the best fixed model; k = 1 keeps the router's differences between tasks at the logged level of
+    each model. The level matters for the TD stage, whose Q(s_0, m) values calling m first and routing on; the
+    shrinkage matters when 140 training tasks leave per-task differences noisier than the models' margins.
+    """
+    return floor[None, :] + k * (q - q_train.mean(axis=0, keepdims=True))
+
+
+def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, store: EmbeddingStore, lam: float,
+                         gamma: float, shrinkage: Sequence[float]) -> tuple[list[Callable[[str], str]], list[dict]]:
+    """The stage and shrinkage k (`recentred`) with the best mean validation J over the runs; its test choices per
+    run, and one row per (stage, k) with its validation J. Ties go to the earlier stage and the earlier k."""
+    floor_returns = BestFixedRouter.fit(data.episodes["train"], data.pool, lam, gamma, data.c_ref).returns
+    rows, best, best_j = [], None, -np.inf
+    for stage, routers in stages.items():
+        floor = np.array([floor_returns[m] for m in routers[0].pool.names])
+        scores = [{split: _first_state_scores(r, data, store, split) for split in ("train", "validation", "test")}
+                  for r in routers]
+        for k in shrinkage:
+            j = float(np.mean([committed(data, _argmax_choice(recentred(s["validation"], s["train"], floor, k),
+                                                              r.pool.names, data.split["validation"]),
+                                         1.0, lam, gamma, split="validation")["return"]
+                               for r, s in zip(routers, scores)]))
+            rows.append({"stage": stage, "shrinkage_k": float(k), "validation_return": j, "chosen": ""})
+            if j > best_j + 1e-12:
+                best, best_j = (len(rows) - 1, routers, scores, floor, k), j
+    index, routers, scores, floor, k = best
+    rows[index]["chosen"] = "yes"
+    return [_argmax_choice(recentred(s["test"], s["train"], floor, k), r.pool.names, data.split["test"])
+            for r, s in zip(routers, scores)], rows
 
 
 def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store: EmbeddingStore | None = None
@@ -186,14 +235,14 @@ def _interval(values: Sequence[float]) -> dict:
 def _plot_sweep(rows: list[dict], path: Path) -> None:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
-    for name, style in ((RIVET, "o-"), (COMMITTED, "D--")):
+    for name, style in ((RIVET, "o-"), (COMMITTED, "D--"), (VALIDATED, "s:")):
         swept = sorted((r for r in rows if r["router"] == name), key=lambda r: r["cost_usd"])
         ax.plot([r["cost_usd"] for r in swept], [r["accuracy"] for r in swept], style, label=f"{name} (lambda sweep)")
         for r in swept:
             ax.annotate(f"{r['lambda']:g}", (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, -9),
                         textcoords="offset points")
     for r in rows:
-        if r["router"] not in (RIVET, COMMITTED):
+        if r["router"] not in (RIVET, COMMITTED, VALIDATED):
             ax.scatter(r["cost_usd"], r["accuracy"], marker="s" if r["router"] == "oracle" else "x")
             ax.annotate(r["router"], (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
@@ -202,6 +251,19 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("test accuracy (committed routing)")
     ax.legend(loc="lower right")
     save_figure(fig, path)
+
+
+def _selection_table(rows: list[dict]) -> str:
+    """One line per (lambda, stage), one column per k; the chosen cell in bold. results.json keeps the long rows."""
+    ks = list(dict.fromkeys(r["shrinkage_k"] for r in rows))
+    lines = ["| lambda | stage | runs | " + " | ".join(f"k = {k:g}" for k in ks) + " |", "|" + "---|" * (3 + len(ks))]
+    for lam, stage in dict.fromkeys((r["lambda"], r["stage"]) for r in rows):
+        cells = {r["shrinkage_k"]: r for r in rows if (r["lambda"], r["stage"]) == (lam, stage)}
+        runs = next(iter(cells.values()))["seeds"]
+        shown = {k: f"{r['validation_return']:.3f}" for k, r in cells.items()}
+        shown = {k: f"**{v}**" if cells[k]["chosen"] else v for k, v in shown.items()}
+        lines.append(f"| {lam:g} | {stage} | {runs} | " + " | ".join(shown.get(k, "") for k in ks) + " |")
+    return "\n".join(lines)
 
 
 NOTES = {
@@ -215,19 +277,26 @@ NOTES = {
         "its first choice is close to arbitrary for commitment. The value of committing to m is what the MC stage "
         "regresses on from these fixed-model logs: `RIVET (committed value: MC stage)` is that estimate, from the "
         "same runs. Neither need beat always calling the strongest model when one model dominates and 140 training "
-        "tasks leave per-task predictions noisier than its margin."),
+        "tasks leave per-task predictions noisier than its margin. `RIVET (validated commitment)` puts each "
+        "model's scores at its mean logged return over the training tasks (the best-fixed floor's numbers) and "
+        "shrinks the per-task differences toward it by k; the stage and k are chosen on the validation tasks "
+        "(see the selection table), so where validation finds no per-task signal it commits to the best fixed "
+        "model, and says so."),
 }
 
 TABLES = {
     "committed_routing": ("Committed routing on the MINT test tasks (cost relative to the reference model)",
                           [("router", "router", -1), ("encoder", "encoder", -1), ("accuracy", "accuracy", 3),
                            ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("return", "J", 3)]),
+    "commitment_selection": ("Validated commitment: mean validation J over the runs for each stage and shrinkage k "
+                             "(k = 0: the best fixed model; the chosen one, in bold, is scored on test)",
+                             lambda rows: _selection_table(rows)),
     "value_prediction": ("Value-prediction error on held-out tasks: MSE of Q_route(s_t, m_t) vs G_t (95% interval "
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
                           ("ci95_low", "95% low", 4), ("ci95_high", "95% high", 4), ("seeds", "seeds", -1)]),
-    "lambda_sweep": ("Committed routing across lambda (RIVET: TD and MC stage) with the fixed models and the "
-                     "oracle",
+    "lambda_sweep": ("Committed routing across lambda (RIVET: TD, MC stage, validated commitment) with the fixed "
+                     "models and the oracle",
                      [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
 }
@@ -293,8 +362,12 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     for name, seeds in named.items():
         encoder = "hashing" if "hashing" in name else encoder_name
         choosers[name] = [_router_choice(r, data, stores[encoder]) for r in seeds]
+    choosers[VALIDATED], selection_rows = validated_commitment(
+        {"td": named[RIVET], "mc": named[COMMITTED]}, data, store, lam, gamma, exp.shrinkage)
+    selection_rows = [{"lambda": float(lam), "seeds": len(named[RIVET]), **r} for r in selection_rows]
+    for name in (*named, VALIDATED):
         per_seed = [committed(data, choose, reference, lam, gamma) for choose in choosers[name]]
-        committed_rows.append({"router": name, "encoder": encoder,
+        committed_rows.append({"router": name, "encoder": "hashing" if "hashing" in name else encoder_name,
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]},
                                "accuracy_sd": float(np.std([p["accuracy"] for p in per_seed])),
                                "seeds": len(per_seed)})
@@ -313,16 +386,21 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     for sweep_lam in exp.lambdas:
         dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
                 else swept[f"lambda={sweep_lam:g}"])
-        for name, stage in ((RIVET, "td"), (COMMITTED, "mc")):
-            per_seed = [committed(data, _router_choice(r, data, store), reference, float(sweep_lam), gamma)
-                        for r in _routers(dirs, stage)]
+        stages = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
+        validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage)
+        if float(sweep_lam) != float(lam):
+            selection_rows += [{"lambda": float(sweep_lam), "seeds": len(dirs), **r} for r in rows]
+        for name, fns in ((RIVET, [_router_choice(r, data, store) for r in stages["td"]]),
+                          (COMMITTED, [_router_choice(r, data, store) for r in stages["mc"]]), (VALIDATED, validated)):
+            per_seed = [committed(data, choose, reference, float(sweep_lam), gamma) for choose in fns]
             sweep_rows.append({"router": name, "lambda": float(sweep_lam),
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
     committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]]
                         for name, fns in choosers.items()}
-    experiments = {"committed_routing": committed_rows, "value_prediction": value_rows, "lambda_sweep": sweep_rows,
+    experiments = {"committed_routing": committed_rows, "commitment_selection": selection_rows,
+                   "value_prediction": value_rows, "lambda_sweep": sweep_rows,
                    "post_error": [{"router": name, **{k: v for k, v in traces.post_error(eps).items()
                                                       if k != "by_class"}}
                                   for name, eps in committed_traces.items()],
