@@ -32,6 +32,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.episodes = ""       # trajectory JSONL (required unless `demo`)
     config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
     config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
+    config.data.max_skipped_fraction = 0.1  # skip mode fails when more of the records than this are bad
     config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
     # True: the embedding table is a memory-mapped file (<embedding cache>/tables/) that batches are gathered from
     # on the host, so a corpus larger than memory trains. Multi-host runs always feed batches from the host.

@@ -6,9 +6,10 @@ the full offline training's wall time, routing latency, encoders and scaling cur
 Prints a table and writes the numbers as JSON (and the scaling curves as <output>_scaling.png).
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from launch.common import run_app
 from rivet_jax.bench import benchmark
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file (sizes and settings).")
@@ -43,4 +44,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

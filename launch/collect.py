@@ -5,9 +5,10 @@ r"""Writes RouteSim's logged corpus: six fixed-model policies and a random route
 Output: <workdir>/corpus/{episodes.jsonl, model_cards.json, summary.md, summary.json}.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from launch.common import run_app, run_reporting_user_errors
 from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
@@ -17,9 +18,9 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    corpus = routesim.collect(_CONFIG.value, _WORKDIR.value)
+    corpus = run_reporting_user_errors(lambda: routesim.collect(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
     print((corpus / "summary.md").read_text(encoding="utf-8"), end="")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

@@ -10,10 +10,10 @@ rivet_jax/experiments/diagnostics.py.
 import json
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from launch.common import run_reporting_user_errors
+from launch.common import run_app, run_reporting_user_errors
 from rivet_jax.experiments import diagnostics
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
@@ -24,8 +24,8 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    rows = run_reporting_user_errors(lambda: diagnostics.diagnose_workdir(_CONFIG.value, _WORKDIR.value,
-                                                                          _RUNS.value))
+    rows = run_reporting_user_errors(lambda: diagnostics.diagnose_workdir(_CONFIG.value, _WORKDIR.value, _RUNS.value),
+                                     _CONFIG.value)
     workdir = Path(_WORKDIR.value)
     (workdir / "diagnostics.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n", encoding="utf-8")
     text = diagnostics.markdown(rows, _CONFIG.value.diagnose)
@@ -34,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

@@ -7,10 +7,10 @@ Every step resumes from what the workdir already holds. Writes <workdir>/evaluat
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from launch.common import run_reporting_user_errors
+from launch.common import run_app, run_reporting_user_errors
 from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
@@ -20,9 +20,9 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    run_reporting_user_errors(lambda: routesim.run_routesim(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: routesim.run_routesim(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
     print((Path(_WORKDIR.value) / "evaluation.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

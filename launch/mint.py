@@ -7,10 +7,10 @@ Writes <workdir>/report.md, results.json and results/.
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from launch.common import enable_compilation_cache, run_reporting_user_errors
+from launch.common import enable_compilation_cache, run_app, run_reporting_user_errors
 from rivet_jax.experiments import mint
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/mint.py", "MINT config file.")
@@ -21,9 +21,9 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     enable_compilation_cache(_WORKDIR.value)
-    run_reporting_user_errors(lambda: mint.run_mint(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: mint.run_mint(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

@@ -8,10 +8,10 @@ Every phase resumes from what the workdir already holds. `configs/routesim.py:ti
 
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from launch.common import enable_compilation_cache, run_reporting_user_errors
+from launch.common import enable_compilation_cache, run_app, run_reporting_user_errors
 from rivet_jax.experiments import routesim
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config file.")
@@ -22,9 +22,9 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
     del argv
     enable_compilation_cache(_WORKDIR.value)
-    run_reporting_user_errors(lambda: routesim.reproduce(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: routesim.reproduce(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
     print(f"report: {Path(_WORKDIR.value) / 'report.md'}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

@@ -8,11 +8,10 @@ device of a host: --config.devices=0. Over several hosts: the same command on ev
 host embeds and reads its own slice of the replay; see README, "Running on TPU and GPU").
 """
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from launch.common import initialize_distributed, run_reporting_user_errors
-from rivet_jax import online  # noqa: F401  (importing it registers the 'online' stage with train)
+from launch.common import initialize_distributed, run_app, run_reporting_user_errors
 from rivet_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py[:variant]).",
@@ -33,8 +32,8 @@ def main(argv):
     if _MULTIHOST.value:
         initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("Config:\n%s", _CONFIG.value)
-    run_reporting_user_errors(lambda: train.train(_CONFIG.value, _WORKDIR.value))
+    run_reporting_user_errors(lambda: train.train(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_app(main)

@@ -1,9 +1,10 @@
 """Validate a JSONL episode file against a model-card file and print a summary.
 
-    python -m launch.validate_data --episodes=PATH --cards=PATH [--skip_invalid]
+    python -m launch.validate_data --episodes=PATH --cards=PATH [--skip_invalid] [--max_skipped_fraction=0.1]
 
 Exits 0 when the files parse (with --skip_invalid, bad lines are listed but do not
-fail the run) and 1 on a DataError, printing it without a traceback.
+fail the run unless more than --max_skipped_fraction of the records are bad) and 1 on
+a DataError, printing it without a traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ _EPISODES = flags.DEFINE_string("episodes", None, "JSONL episode file to validat
 _CARDS = flags.DEFINE_string("cards", None, "Model-card JSON file defining the pool.")
 _SKIP_INVALID = flags.DEFINE_bool(
     "skip_invalid", False, "List bad lines and keep going instead of stopping at the first."
+)
+_MAX_SKIPPED = flags.DEFINE_float(
+    "max_skipped_fraction", 0.1, "With --skip_invalid: fail when more than this fraction of records is bad "
+    "(training's config.data.max_skipped_fraction)."
 )
 flags.mark_flags_as_required(["episodes", "cards"])
 
@@ -48,7 +53,8 @@ def main(argv: Sequence[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         pool = schema.read_model_cards(_CARDS.value)
-        ep_file = schema.read_episodes(_EPISODES.value, pool, skip_invalid=_SKIP_INVALID.value)
+        ep_file = schema.read_episodes(_EPISODES.value, pool, skip_invalid=_SKIP_INVALID.value,
+                                       max_skipped_fraction=_MAX_SKIPPED.value)
     except schema.DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

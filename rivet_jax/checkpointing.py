@@ -1,29 +1,52 @@
 """The one place that talks to orbax.
 
-Layout: `<workdir>/checkpoints/<stage>/<epoch>/{state,meta}`. `state` is the array pytree (params, target params,
-optimizer state, step, PRNG key data); `meta` is JSON: the config, the candidate pool's cards, the encoder's
-fingerprint, c_ref, the stage and the number of completed epochs. Nothing is pickled. A checkpoint is refused
-against a different pool or encoder with a message naming what differs.
+Layout: `<workdir>/checkpoints/<stage>/<epoch>/{state,meta,checksums.json}`. `state` is the array pytree (params,
+target params, optimizer state, step, PRNG key data); `meta` is JSON: the config, the candidate pool's cards, the
+encoder's fingerprint, the corpus digest, c_ref, the stage and the number of completed epochs; `checksums.json`
+holds the sha256 of every file of the two, written once the save has landed. Nothing is pickled.
+
+A checkpoint whose files no longer match their checksums (a truncated or overwritten file, a missing item, a save
+cut short) is damaged: the newest intact one is used instead, with a warning naming the damaged one, and a
+training run (`repair=True`) moves the damaged one aside to `<epoch>.damaged` so it can save that epoch again.
+A checkpoint is refused against a different pool or encoder with a message naming what differs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
 from rivet_jax.data.schema import ModelPool
+from rivet_jax.run_identity import file_digest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: checksums.json and the corpus digest; format 1 checkpoints load unverified
 ROUTER_STAGES = ("mc", "td", "online")  # every stage whose checkpoint is a router, in training order
+CHECKSUMS = "checksums.json"
+ITEMS = ("state", "meta")
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint was made for another candidate pool, encoder or network shape than the one in use."""
+
+
+class ConfigChangedError(CheckpointMismatchError):
+    """A workdir holds checkpoints (or other outputs) made with another configuration or corpus than this run's."""
+
+
+class DamagedCheckpointError(ValueError):
+    """A stage has checkpoints, but none of them is intact."""
+
+
+class NonFiniteParamsError(FloatingPointError):
+    """Parameters hold NaN or inf: training never saves them, a router never loads them."""
 
 
 def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:
@@ -31,23 +54,32 @@ def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:
 
 
 class StageCheckpoints:
-    """Checkpoints of one training stage, numbered by completed epochs."""
+    """Checkpoints of one training stage, numbered by completed epochs; only intact ones count.
 
-    def __init__(self, workdir: str | os.PathLike, stage: str, max_to_keep: int | None = 2):
+    `repair`: for the run that trains the stage (holding the workdir's lock) - damaged checkpoints newer than the
+    newest intact one are moved aside, so the run can save their epochs again. Readers leave them in place.
+    """
+
+    def __init__(self, workdir: str | os.PathLike, stage: str, max_to_keep: int | None = 2, repair: bool = False):
         self.directory = stage_dir(workdir, stage)
+        self._latest = newest_intact(self.directory, repair)
         # Synchronous saves: a save has landed on disk when `save` returns, so a kill right after loses nothing.
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=False)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def latest_epoch(self) -> int | None:
-        return self._manager.latest_step()
+        """The newest intact checkpoint's epoch; None if the stage has none."""
+        return self._latest
 
     def save(self, epoch: int, state: Any, meta: dict) -> None:
         meta = {**meta, "epoch": epoch, "format_version": FORMAT_VERSION}
         self._manager.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(meta)))
         self._manager.wait_until_finished()
+        if jax.process_index() == 0:
+            write_checksums(self.directory / str(epoch))
+        self._latest = epoch
 
     def restore_meta(self, epoch: int | None = None) -> dict:
         epoch = self._existing(epoch)
@@ -82,6 +114,91 @@ class StageCheckpoints:
         return epoch
 
 
+# ------------------------------------------------------------------------------------------------ integrity
+
+
+def item_files(step: Path) -> list[str]:
+    """The files of a checkpoint's items, as paths relative to its directory."""
+    return sorted(p.relative_to(step).as_posix() for item in ITEMS for p in (step / item).rglob("*") if p.is_file())
+
+
+def write_checksums(step: Path) -> None:
+    """Records the sha256 of every item file of a landed save (atomically: a cut-short write leaves none)."""
+    sums = {name: file_digest(step / name) for name in item_files(step)}
+    partial = step / f"{CHECKSUMS}.partial"
+    partial.write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(partial, step / CHECKSUMS)
+
+
+def damage(step: Path) -> str | None:
+    """Why the checkpoint in `step` cannot be trusted, or None when it is intact."""
+    if not (step / CHECKSUMS).is_file():
+        try:
+            meta = json.loads((step / "meta" / "metadata").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "its meta is missing or unreadable"
+        if meta.get("format_version", 1) >= 2:
+            return f"it has no {CHECKSUMS}: its save did not finish"
+        return None if (step / "state").is_dir() else "its state is missing"  # format 1: nothing to verify against
+    try:
+        sums = json.loads((step / CHECKSUMS).read_text(encoding="utf-8"))
+    except ValueError:
+        return f"its {CHECKSUMS} is unreadable"
+    for item in ITEMS:
+        if not any(name.startswith(f"{item}/") for name in sums):
+            return f"its {CHECKSUMS} lists no {item} file"
+    for name, digest in sorted(sums.items()):
+        if not (step / name).is_file():
+            return f"{name} is missing"
+        if file_digest(step / name) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def newest_intact(directory: Path, repair: bool = False) -> int | None:
+    """The newest intact checkpoint's epoch in a stage directory (None: no checkpoint at all), warning about every
+    damaged newer one (and with `repair` moving it aside); DamagedCheckpointError when none is intact."""
+    epochs = sorted((int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir()), reverse=True)
+    damaged = []
+    for epoch in epochs:
+        why = damage(directory / str(epoch))
+        if why is None:
+            for bad, reason in damaged:
+                moved = f"; moved to {_move_aside(directory / str(bad))}" if repair else ""
+                absl_logging.warning("checkpoint %s is damaged (%s): using epoch %d instead%s",
+                                     directory / str(bad), reason, epoch, moved)
+            return epoch
+        damaged.append((epoch, why))
+    if damaged:
+        listed = "; ".join(f"{directory / str(e)}: {why}" for e, why in damaged)
+        raise DamagedCheckpointError(f"no intact checkpoint in {directory} ({listed}); delete the directory to "
+                                     f"train the stage afresh")
+    return None
+
+
+def _move_aside(step: Path) -> Path:
+    """Renames a damaged checkpoint out of orbax's sight (`<epoch>.damaged`, `.damaged.1`, ...), for inspection."""
+    target, n = step.with_name(f"{step.name}.damaged"), 0
+    while target.exists():
+        n += 1
+        target = step.with_name(f"{step.name}.damaged.{n}")
+    if jax.process_index() == 0:
+        step.rename(target)
+    return target
+
+
+def non_finite_leaves(tree: Any) -> list[str]:
+    """The paths of the leaves of `tree` that hold a NaN or an inf (one device round trip for the whole tree)."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    finite = jax.device_get(_all_finite([x for _, x in leaves]))
+    return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, finite) if not ok]
+
+
+@jax.jit
+def _all_finite(leaves: list) -> list:
+    return [jnp.isfinite(x).all() for x in leaves]
+
+
 def abstract_tree(tree: Any, sharding) -> Any:
     """`tree`'s shapes and dtypes with `sharding` on every leaf: a restore target that places each array there."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
@@ -106,9 +223,9 @@ def latest_stage(workdir: str | os.PathLike, stages: tuple[str, ...]) -> str | N
     return found[-1] if found else None
 
 
-def check_compatible(meta: dict, pool: ModelPool, encoder_fingerprint: str, model_config: dict | None = None,
-                     source: str = "checkpoint") -> None:
-    """Raises CheckpointMismatchError naming every difference between a checkpoint and what is in use."""
+def compatibility_problems(meta: dict, pool: ModelPool, encoder_fingerprint: str, model_config: dict | None = None,
+                           source: str = "checkpoint") -> list[str]:
+    """Every difference between a checkpoint's pool, encoder (and network widths) and those in use."""
     problems = []
     saved_pool = ModelPool.from_json(meta["pool"], path=f"{source}/meta")
     problems += [f"pool: {d}" for d in saved_pool.differences(pool)]
@@ -119,5 +236,12 @@ def check_compatible(meta: dict, pool: ModelPool, encoder_fingerprint: str, mode
         saved_model = meta["config"]["model"]
         problems += [f"network: model.{k} is {saved_model.get(k)!r} in the checkpoint, {v!r} here"
                      for k, v in model_config.items() if saved_model.get(k) != v]
+    return problems
+
+
+def check_compatible(meta: dict, pool: ModelPool, encoder_fingerprint: str, model_config: dict | None = None,
+                     source: str = "checkpoint") -> None:
+    """Raises CheckpointMismatchError naming every difference between a checkpoint and what is in use."""
+    problems = compatibility_problems(meta, pool, encoder_fingerprint, model_config, source)
     if problems:
-        raise CheckpointMismatchError(f"{source} does not match this run:\n  " + "\n  ".join(problems))
+        raise CheckpointMismatchError(f"{source} does not match this run: " + "; ".join(problems))

@@ -21,12 +21,14 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import sharding
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Batch, Replay, build_replay, reference_cost
 from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards
 from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
 from rivet_jax.encoders.table import host_table
 from rivet_jax.envs import collect
+from rivet_jax.run_identity import corpus_digest
 
 
 class NoCorpusError(ValueError):
@@ -90,14 +92,15 @@ class PreparedData:
     data: TrainData
     c_ref: float
     skipped: int
+    digest: dict[str, str] | None = None  # sha256 of the episodes and cards files (`run_identity.corpus_digest`)
 
 
 def corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
     """The configured logs, or (`config.data.demo`) the RouteSim demo corpus collected once into the workdir."""
     if config.data.episodes:
         if not config.data.cards:
-            raise ValueError("config.data.episodes is set but config.data.cards is not: "
-                             "name the pool's model_cards.json")
+            raise ConfigError("config.data.episodes is set but config.data.cards is not: "
+                              "name the pool's model_cards.json")
         return Path(config.data.episodes), Path(config.data.cards)
     if not config.data.demo:
         raise NoCorpusError("no logs to train on: pass --config.data.episodes=FILE.jsonl --config.data.cards="
@@ -115,7 +118,8 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
     workdir = Path(workdir)
     episodes_path, cards_path = corpus_paths(config, workdir)
     pool = read_model_cards(cards_path)
-    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid)
+    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid,
+                                 max_skipped_fraction=config.data.max_skipped_fraction)
     for error in episode_file.skipped:
         logging.warning("skipped: %s", error)
     if c_ref is None:
@@ -138,7 +142,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                  time.perf_counter() - started, how)
     data = make_train_data(replay, embeddings, pool, on_host=host_fed)
     return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
-                        skipped=len(episode_file.skipped))
+                        skipped=len(episode_file.skipped), digest=corpus_digest(episodes_path, cards_path))
 
 
 def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:

@@ -23,6 +23,7 @@ from rivet_jax.data.cards import placeholder_cards
 from rivet_jax.data.replay import Batch
 from rivet_jax.data.schema import ModelPool
 from rivet_jax.networks import RivetNet, init_params
+from rivet_jax.run_identity import flatten
 
 # Every stage's PRNG stream is folded from the run seed with its own id.
 STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
@@ -103,19 +104,9 @@ VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", 
               "runs_vmapped", "online.curve_points")
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def shape_signature(config) -> str:
     """Everything in `config` but `VALUE_KEYS`: runs with equal signatures can train as one program."""
-    settings = {k: v for k, v in _flat(config.to_dict()).items() if k not in VALUE_KEYS}
+    settings = {k: v for k, v in flatten(config.to_dict()).items() if k not in VALUE_KEYS}
     return json.dumps(settings, sort_keys=True, default=str)
 
 

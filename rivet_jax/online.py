@@ -32,6 +32,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import checkpointing, evaluation, sharding, train
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
 from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
@@ -182,9 +183,22 @@ class OnlineRun:
 
     def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
         """The state and the filled rows of the new replay (the empty capacity is not written)."""
+        self._check_finite(state)
         filled = jax.tree.map(lambda x: x[:num_new], replay)
         self.saved.save(self.progress.trajectories, {"state": saveable(state), "replay": filled},
                         {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new})
+
+    def save_best(self, state: TrainState) -> None:
+        self._check_finite(state)
+        self.best.save(self.progress.trajectories, saveable(state), self.meta)
+
+    def _check_finite(self, state: TrainState) -> None:
+        bad = checkpointing.non_finite_leaves(state.params)
+        if bad:  # saved, it would route on NaN
+            raise checkpointing.NonFiniteParamsError(
+                f"online adaptation of {self.workdir}: the parameters {bad[:3]} hold NaN or inf after "
+                f"{self.progress.trajectories} trajectories; not saved. Suspect online.lr={self.config.online.lr}, "
+                f"reward.lam={self.config.reward.lam}, loss.alpha={self.config.loss.alpha}")
 
     def best_state(self, template: TrainState) -> TrainState:
         best, _ = self.best.restore(saveable(template))
@@ -204,15 +218,14 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
     """(OnlineRun, state, new replay, filled rows): resumed from its progress checkpoint, or started from the
     finished TD stage of `workdir`."""
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
-    saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1)
-    best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1)
+    saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1, repair=True)
+    best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1, repair=True)
     run = OnlineRun(config, workdir, prepared, task_order(env, config), OnlineProgress(), best, saved,
                     train.checkpoint_meta(config, prepared, STAGE))
     replay = empty_replay(_capacity(env, config), dim, num_models)
     if saved.latest_epoch() is not None:
         saved_meta = saved.restore_meta()
-        checkpointing.check_compatible(saved_meta, prepared.pool, prepared.encoder.fingerprint,
-                                       config.model.to_dict(), source=str(saved.directory))
+        train.check_resume(saved_meta, config, prepared, STAGE, str(saved.directory))
         num_new = int(saved_meta["num_new"])
         restored, _ = saved.restore({"state": saveable(template), "replay": empty_replay(num_new, dim, num_models)})
         replay = jax.tree.map(lambda buf, rows: buf.at[:num_new].set(jnp.asarray(np.asarray(rows))), replay,
@@ -224,6 +237,7 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
     if td.latest_epoch() is None or td.latest_epoch() < config.td_epochs:
         raise FileNotFoundError(f"online adaptation starts from a finished 'td' stage; {td.directory} has "
                                 f"{td.latest_epoch() or 0}/{config.td_epochs} epochs: run --config.stage=td first")
+    train.check_resume(td.restore_meta(), config, prepared, STAGE, str(td.directory))
     td_state, _ = td.restore(saveable(template))
     td.close()
     state = init_train_state(net, tx, from_saveable(td_state).params, jax.random.fold_in(template.key, 2))
@@ -303,7 +317,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
             improved = scores["return"] > progress.best_score
             if improved:
                 progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
-                run.best.save(point, saveable(chunks.state(r)), run.meta)
+                run.save_best(chunks.state(r))
             else:
                 progress.since_best += 1
             progress.validations.append(record)
@@ -421,7 +435,7 @@ def run_online_stage(config, workdir: str | Path, stage: str, prepared: Prepared
 
 def online_env(config):
     if "sim" not in config:
-        raise ValueError("online adaptation acts in an environment: use a config with `sim` (configs/routesim.py)")
+        raise ConfigError("online adaptation acts in an environment: use a config with `sim` (configs/routesim.py)")
     return make_routesim(config.sim)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,18 +51,27 @@ def as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
         if isinstance(turn, Turn):
             items.append(_HistoryItem(turn.response, turn.feedback))
         elif isinstance(turn, Mapping) and "response" in turn:
-            items.append(_HistoryItem(str(turn["response"]), str(turn.get("feedback", ""))))
+            response, feedback = turn["response"], turn.get("feedback", "")
+            for field, value in (("response", response), ("feedback", feedback)):
+                if not isinstance(value, str):  # str(None) would route on the text "None"
+                    raise TypeError(f"history[{i}]['{field}'] must be a string, got {type(value).__name__}")
+            items.append(_HistoryItem(response, feedback))
         else:
             raise TypeError(f"history[{i}] must be a Turn or a mapping with 'response' (and 'feedback'), "
                             f"got {type(turn).__name__}")
     return items
 
 
-def availability_mask(pool: ModelPool, available: Sequence[str] | None) -> np.ndarray:
-    """(M,) bool over the pool; None = every model. Unknown names and an empty set are errors."""
+def availability_mask(pool: ModelPool, available: Iterable[str] | None) -> np.ndarray:
+    """(M,) bool over the pool; None = every model. Unknown names and an empty set are errors.
+
+    `available` may be any iterable of names (a generator is read once, here), but not a single string."""
     if available is None:
         return np.ones(len(pool), bool)
-    unknown = [name for name in available if name not in pool]
+    if isinstance(available, (str, bytes)):
+        raise TypeError(f"available must be a collection of model names, not one string: {available!r}")
+    available = list(available)
+    unknown = [name for name in available if not isinstance(name, str) or name not in pool]
     if unknown:
         raise ValueError(f"unknown models {unknown}; this router's pool is {list(pool.names)}")
     if not available:
@@ -99,6 +108,9 @@ class Router:
         `encoder` defaults to the one named in the checkpoint's config; `pool` (e.g. your deployment's cards)
         defaults to the checkpoint's own. Both must match what the router was trained with; models that are
         temporarily unavailable are handled per call with `available`, not with another pool.
+
+        A damaged latest checkpoint (its files no longer match their checksums) is passed over for the newest
+        intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteParamsError).
         """
         stage = stage or checkpointing.latest_stage(workdir, checkpointing.ROUTER_STAGES)
         if stage is None:
@@ -111,6 +123,7 @@ class Router:
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
         params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool))
         checkpoints.close()
+        _check_finite_params(params, checkpoints.directory / str(checkpoints.latest_epoch()))
         card_embeddings = encoder.encode([card.description for card in pool.cards])
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
@@ -155,20 +168,36 @@ class Router:
         q = np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards,
                                       self.pessimism))[:len(h)]
         if available is not None:
-            q = np.where(np.broadcast_to(available, q.shape), q, -np.inf)
+            available = np.broadcast_to(available, q.shape)
+            if not available.any(axis=1).all():
+                raise ValueError(f"no available model for states {np.flatnonzero(~available.any(axis=1)).tolist()}")
+            q = np.where(available, q, -np.inf)
         return q
 
     def scores(self, states: Sequence[tuple[str, Sequence[HistoryTurn]]],
-               available: Sequence[Sequence[str] | None] | None = None) -> np.ndarray:
-        """Batched Q_route (B, M) for (task, history) pairs, with an optional availability list per state."""
+               available: Sequence[Iterable[str] | None] | None = None) -> np.ndarray:
+        """Batched Q_route (B, M) for (task, history) pairs, with an optional availability list per state (one per
+        state: a list of names for every state would silently apply one state's availability to all)."""
+        states = list(states)
+        for i, (task, _) in enumerate(states):
+            if not isinstance(task, str):  # str(None) or str(b"...") would route on the wrong text
+                raise TypeError(f"state {i}: the task must be a string, got {type(task).__name__}")
+        mask = None
+        if available is not None:
+            available = list(available)
+            if len(available) != len(states):
+                raise ValueError(f"available has {len(available)} entries for {len(states)} states: give one "
+                                 f"availability (a list of names, or None) per state")
+            mask = np.stack([self.available_mask(a) for a in available]) if states else None
         texts = [self.state_text(task, history) for task, history in states]
-        mask = None if available is None else np.stack([self.available_mask(a) for a in available])
         return self.scores_from_embeddings(self.encoder.encode(texts), mask)
 
     def route(self, task: str, history: Sequence[HistoryTurn] = (),
-              available: Sequence[str] | None = None) -> RouteDecision:
+              available: Iterable[str] | None = None) -> RouteDecision:
         """The model to call next for `task` after `history`, among `available` (default: the whole pool)."""
         q = self.scores([(task, history)], None if available is None else [available])[0]
+        if np.isnan(q).any() or np.isposinf(q).any():  # an argmax over NaN would pick a model at random
+            raise FloatingPointError(f"non-finite scores {dict(zip(self.pool.names, q.tolist()))} for this state")
         return RouteDecision(model=self.pool.names[int(np.argmax(q))],
                              scores={name: float(v) for name, v in zip(self.pool.names, q)})
 
@@ -211,6 +240,15 @@ class RouterGroup:
         return [[member.pick(self.pool.names[int(np.argmax(row))], available, rng)
                  for row, (_, _, available, rng) in zip(q_member, requests)]
                 for (member, requests), q_member in zip(members, q)]
+
+
+def _check_finite_params(params: dict, source) -> None:
+    """Refuses parameters with NaN or inf: the scores would be NaN, and their argmax an arbitrary model."""
+    bad = checkpointing.non_finite_leaves(params)
+    if bad:
+        raise checkpointing.NonFiniteParamsError(f"{source}: the parameters {bad[:3]}"
+                                                 f"{' ...' if len(bad) > 3 else ''} hold NaN or inf; it cannot route. "
+                                                 f"load an earlier stage (stage='mc', 'td') or retrain")
 
 
 def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):

@@ -31,10 +31,12 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import online, sharding, train
+from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
 from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
                                shape_signature, stack, unstack, with_run_rewards)
 from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.workdir_lock import hold_workdirs
 
 def make_group_epoch(net: RivetNet, tx, config, stage: str) -> Callable:
     """jit'ed (states (R, ...), data, values, epoch) -> (states, per-step metrics (R, S), batches (R, S, B)).
@@ -115,17 +117,20 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
     `on_epoch_end(stage, epoch, records)` follows every offline group epoch (the online stage logs a line per
     validation round).
     """
+    for config in configs:
+        check_config(config)
     workdirs = [Path(w) for w in workdirs]
     stages = [train.stages_of(config) for config in configs]
-    prepared = prepare_all(configs, workdirs)
-    for stage in train.OFFLINE_STAGES:
-        runs = [train.StageRun.open(configs[i], workdirs[i], stage, prepared[i])
-                for i in range(len(configs)) if stage in stages[i]]
-        for group in offline_groups(runs):
-            train_together(group, on_epoch_end)
-        for run in runs:
-            run.close()
-    adapting = [i for i in range(len(configs)) if "online" in stages[i]]
-    for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
-        online.run_online_group([configs[i] for i in members], [workdirs[i] for i in members],
-                                online.online_env(configs[members[0]]), [prepared[i] for i in members])
+    with hold_workdirs(workdirs):  # every run's workdir, for the whole group: a second job on any is refused
+        prepared = prepare_all(configs, workdirs)
+        for stage in train.OFFLINE_STAGES:
+            runs = [train.StageRun.open(configs[i], workdirs[i], stage, prepared[i])
+                    for i in range(len(configs)) if stage in stages[i]]
+            for group in offline_groups(runs):
+                train_together(group, on_epoch_end)
+            for run in runs:
+                run.close()
+        adapting = [i for i in range(len(configs)) if "online" in stages[i]]
+        for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
+            online.run_online_group([configs[i] for i in members], [workdirs[i] for i in members],
+                                    online.online_env(configs[members[0]]), [prepared[i] for i in members])

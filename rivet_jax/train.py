@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import time
 from pathlib import Path
@@ -24,11 +25,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, sharding
+from rivet_jax import checkpointing, run_identity, sharding
+from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
 from rivet_jax.learner import (NonFiniteLossError, TrainState, from_saveable, init_train_state, make_optimizer,
                                make_update, saveable, template_state)
 from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.workdir_lock import hold_workdir
 
 OFFLINE_STAGES = ("mc", "td")                    # the stages of this module, in training order
 ROUTER_STAGES = checkpointing.ROUTER_STAGES      # every stage whose checkpoint is a router: mc, td, online
@@ -129,7 +132,20 @@ def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
     return {"stage": stage, "config": json.loads(config.to_json()), "pool": prepared.pool.to_json(),
             "encoder": {"name": prepared.encoder.name, "dim": prepared.encoder.dim,
                         "fingerprint": prepared.encoder.fingerprint},
-            "c_ref": prepared.c_ref, "state_dim": int(prepared.data.embeddings.shape[1])}
+            "c_ref": prepared.c_ref, "state_dim": int(prepared.data.embeddings.shape[1]), "corpus": prepared.digest}
+
+
+def check_resume(meta: dict, config, prepared: PreparedData, stage: str, source: str) -> None:
+    """Refuses to continue stage `stage` from a checkpoint (its `meta`) made with another pool, encoder, config or
+    corpus (see `run_identity`), naming every difference in one error."""
+    problems = checkpointing.compatibility_problems(meta, prepared.pool, prepared.encoder.fingerprint, source=source)
+    changed = run_identity.resume_differences(meta, json.loads(config.to_json()), prepared.digest, stage)
+    if changed:
+        raise checkpointing.ConfigChangedError(
+            f"{source} was made by another run than this one ({'; '.join(problems + changed)}): train in a new "
+            f"workdir, or resume with the settings and logs it was made with")
+    if problems:
+        raise checkpointing.CheckpointMismatchError(f"{source} does not match this run: " + "; ".join(problems))
 
 
 def stored_c_ref(workdir: str | Path) -> float | None:
@@ -160,8 +176,11 @@ class StageRun:
             raise ValueError(f"unknown stage {stage!r}; known: {OFFLINE_STAGES}")
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
-        return cls(config, workdir, stage, prepared,
-                   checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep))
+        checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep,
+                                                     repair=True)
+        if checkpoints.latest_epoch() is not None:  # a resume, or a finished stage: either way the same run
+            check_resume(checkpoints.restore_meta(), config, prepared, stage, str(checkpoints.directory))
+        return cls(config, workdir, stage, prepared, checkpoints)
 
     @property
     def epochs(self) -> int:
@@ -187,6 +206,7 @@ class StageRun:
             raise FileNotFoundError(f"stage 'td' starts from a finished 'mc' stage, but {previous.directory} has "
                                     f"{'no checkpoint' if done is None else f'{done}/{self.config.mc_epochs} epochs'}"
                                     f": run --config.stage=mc first")
+        check_resume(previous.restore_meta(done), self.config, self.prepared, self.stage, str(previous.directory))
         mc_state = self._restore(previous, "mc", done, net, tx, mesh)
         return init_train_state(net, tx, mc_state.params, template.key)
 
@@ -195,11 +215,8 @@ class StageRun:
                               stage)
 
     def _restore(self, checkpoints, stage: str, epoch: int, net, tx, mesh=None) -> TrainState:
-        """The checkpoint of `epoch`, checked against this run; with a multi-device `mesh`, orbax restores every
-        leaf straight onto the mesh, replicated (whatever device count saved it)."""
-        meta = checkpoints.restore_meta(epoch)
-        checkpointing.check_compatible(meta, self.prepared.pool, self.prepared.encoder.fingerprint,
-                                       self.config.model.to_dict(), source=str(checkpoints.directory))
+        """The checkpoint of `epoch` (checked against this run by `check_resume`); with a multi-device `mesh`, orbax
+        restores every leaf straight onto the mesh, replicated (whatever device count saved it)."""
         target = saveable(self._template(net, tx, stage))
         placed = mesh is not None and mesh.size > 1
         if placed:
@@ -209,10 +226,17 @@ class StageRun:
 
     def end_epoch(self, state: TrainState, metrics: dict, batches: np.ndarray, seconds: float, epoch: int,
                   log: bool = True) -> dict:
-        """After epoch `epoch` (0-based) of `metrics` (per step, numpy): the NaN check, the checkpoint, the log line
-        and metrics.jsonl record (written after the save: a logged epoch is never lost to a kill)."""
+        """After epoch `epoch` (0-based) of `metrics` (per step, numpy): the NaN checks (losses, then parameters),
+        the checkpoint, the log line and metrics.jsonl record (written after the save: a logged epoch is never lost
+        to a kill)."""
         first_step = int(state.step) - len(metrics["loss"])
-        _check_finite(metrics, batches, self.prepared, self.stage, first_step)
+        _check_finite(metrics, batches, self.prepared, self.config, self.stage, first_step)
+        bad = checkpointing.non_finite_leaves(state.params)
+        if bad:  # every loss finite, yet the last update overflowed: saved, it would route on NaN
+            raise checkpointing.NonFiniteParamsError(
+                f"stage {self.stage}: the parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} hold NaN or inf after "
+                f"epoch {epoch + 1} (step {int(state.step)}); nothing of the epoch was saved. Suspect the config: "
+                f"{suspects(self.config, self.prepared)}")
         record = {"stage": self.stage, "epoch": epoch + 1, "epochs": self.epochs, "step": int(state.step),
                   **{k: float(np.mean(v)) for k, v in metrics.items()},
                   "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
@@ -235,14 +259,24 @@ def _log_epoch(workdir: Path, record: dict, log: bool = True) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _check_finite(metrics: dict, batches: np.ndarray, prepared: PreparedData, stage: str, first_step: int):
+def suspects(config, prepared: PreparedData) -> str:
+    """The settings that scale a loss or a step, with their values: the usual causes of a divergence."""
+    return (f"optim.lr={config.optim.lr}, reward.lam={config.reward.lam}, reward.gamma={config.reward.gamma}, "
+            f"c_ref={prepared.c_ref}, loss.alpha={config.loss.alpha}, loss.beta={config.loss.beta}, "
+            f"optim.clip_norm={config.optim.clip_norm}")
+
+
+def _check_finite(metrics: dict, batches: np.ndarray, prepared: PreparedData, config, stage: str, first_step: int):
     loss = np.asarray(metrics["loss"])
     bad = np.flatnonzero(~np.isfinite(loss))
     if bad.size:
         i = int(bad[0])
+        step = first_step + i + 1
         episodes = sorted({prepared.replay.episode_ids[e] for e in prepared.replay.episode[np.asarray(batches[i])]})
-        raise NonFiniteLossError(f"stage {stage}: non-finite loss {loss[i]} at step {first_step + i + 1}; "
-                                 f"the batch held episodes {episodes[:10]}{' ...' if len(episodes) > 10 else ''}")
+        # Diverged at once, before this stage's updates could drift: the settings are as suspect as the data.
+        blame = f"; at the stage's first step: suspect the config ({suspects(config, prepared)})" if step == 1 else ""
+        raise NonFiniteLossError(f"stage {stage}: non-finite loss {loss[i]} at step {step}; the batch held episodes "
+                                 f"{episodes[:10]}{' ...' if len(episodes) > 10 else ''}{blame}")
 
 
 def run_stage(config, workdir: str | Path, stage: str, prepared: PreparedData | None = None,
@@ -282,11 +316,13 @@ def stages_of(config) -> tuple[str, ...]:
     """The stages `config.stage` names, in training order: 'mc', 'td', 'online', 'offline' (mc, td) or 'all'."""
     stages = {"offline": OFFLINE_STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
     if any(s not in ROUTER_STAGES for s in stages):
-        raise ValueError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
+        raise ConfigError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
     return stages
 
 
 def stage_runner(stage: str) -> StageRunner:
+    if stage == "online" and stage not in _RUNNERS:
+        importlib.import_module("rivet_jax.online")  # registers itself; it imports this module, so not at the top
     if stage not in _RUNNERS:
         raise ValueError(f"stage {stage!r} is not registered: `import rivet_jax.online` registers it")
     return _RUNNERS[stage]
@@ -297,14 +333,17 @@ def train(config, workdir: str | Path, on_epoch_end=None) -> TrainState:
 
     'online' needs an environment to act in (the RouteSim of `config.sim`, configs/routesim.py) and is run by
     `rivet_jax.online`, which registers it here when imported. Many same-shaped runs train faster together:
-    `rivet_jax.run_group.train_group`.
+    `rivet_jax.run_group.train_group`. The workdir is held for the whole run (`workdir_lock`): a second run on it
+    is refused at once.
     """
+    check_config(config)
     runners = [(stage, stage_runner(stage)) for stage in stages_of(config)]
     workdir = Path(workdir)
-    prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
-    state = None
-    for stage, runner in runners:
-        state = runner(config, workdir, stage, prepared, on_epoch_end)
+    with hold_workdir(workdir):
+        prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+        state = None
+        for stage, runner in runners:
+            state = runner(config, workdir, stage, prepared, on_epoch_end)
     return state
 
 

@@ -137,7 +137,7 @@ def deleter(dotted: str) -> Callable[[dict], None]:
 # (case id, edit of line 2, expected field, fragment of `why`)
 BAD_LINE_CASES = [
     ("invalid_json", lambda r: '{"episode_id": "ep-2", ', "<json>", "invalid JSON: Expecting"),
-    ("duplicate_json_key", lambda r: '{"outcome": 1, "outcome": 0}', "<json>", "duplicate key 'outcome'"),
+    ("duplicate_json_key", lambda r: '{"outcome": 1, "outcome": 0}', "outcome", "duplicate key 'outcome'"),
     ("not_an_object", lambda r: [r], "<record>", "expected a JSON object, got list"),
     ("missing_outcome", deleter("outcome"), "outcome", "missing"),
     ("missing_episode_id", deleter("episode_id"), "episode_id", "missing"),
@@ -251,7 +251,7 @@ def test_skip_invalid_keeps_valid_records_around_bad_ones(tmp_path, pool):
     corrupt_line(path, 2, lambda r: "{not json")
     corrupt_line(path, 4, setter("turns.0.model", "gpt-9"))
     corrupt_line(path, 5, setter("episode_id", "ep-1"))  # duplicate of line 1: skipped
-    result = read_episodes(path, pool, skip_invalid=True)
+    result = read_episodes(path, pool, skip_invalid=True, max_skipped_fraction=0.6)  # 3 of 5 lines skipped
     assert [ep.episode_id for ep in result.episodes] == ["ep-1", "ep-3"]
     assert result.episodes[0] == make_episode(1)  # first occurrence of the duplicate kept
     assert [(e.line, e.field) for e in result.skipped] == [
@@ -436,9 +436,10 @@ def run_launcher(*args: str) -> subprocess.CompletedProcess:
 def test_launcher_exit_codes(tmp_path, good_file, pool):
     cards = tmp_path / "cards.json"
     write_model_cards(cards, pool)
+    write_episodes(good_file, [make_episode(i, outcome=i % 2) for i in range(1, 11)])  # 1 bad of 10: skippable
     ok = run_launcher(f"--episodes={good_file}", f"--cards={cards}")
     assert ok.returncode == 0, ok.stderr
-    assert "episodes:       3" in ok.stdout and "m-large" in ok.stdout
+    assert "episodes:       10" in ok.stdout and "m-large" in ok.stdout
 
     corrupt_line(good_file, 2, setter("turns.0.cost", -1))
     bad = run_launcher(f"--episodes={good_file}", f"--cards={cards}")

@@ -104,6 +104,16 @@ def test_reference_cost_refuses_zero_cost_corpus():
         reference_cost([episode])
 
 
+def test_reference_cost_is_the_mean_turn_cost_without_outliers_and_leaves_outliers_out(caplog):
+    _, episodes = demo_corpus(3, seed=3)
+    costs = [t.cost for e in episodes for t in e.turns]
+    assert reference_cost(episodes) == float(np.mean(costs))  # bit for bit: nothing is left out of a normal corpus
+    assert "c_ref" not in caplog.text
+    broken = Episode("broken", Task("t", "p"), (Turn("m", "r", "f", 1, 1, 1e308), Turn("m", "r", "f", 1, 1, 1e300)), 1)
+    assert reference_cost([*episodes, broken]) == float(np.mean(costs))  # not ~5e305: a cost-blind router
+    assert "2 of" in caplog.text and "left out of the mean" in caplog.text
+
+
 def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
     """`episode_rows` is the one place rewards and returns are made: the offline replay (text indices) and the
     online stage's freshly embedded batches (`transition_batch`) hold the same transitions."""

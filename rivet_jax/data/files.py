@@ -25,14 +25,21 @@ def open_error(path: str, err: OSError) -> DataError:
 
 
 def numbered_lines(path: str) -> Iterator[tuple[Where, bytes]]:
-    """(location, raw line) for each line of the file, numbered from 1; DataError if it cannot be opened."""
+    """(location, raw line) for each line of the file, numbered from 1; DataError if it cannot be opened.
+
+    A line ends at LF, CR LF or a lone CR (old Mac files), so such a file is neither one long bad line nor
+    numbered differently from what an editor shows.
+    """
     try:
-        f = open(path, "rb")  # bytes: line numbers count b"\n" only, like `wc -l`
+        # Latin-1 maps every byte to one character and back, so this reads bytes with Python's universal newlines;
+        # UTF-8 is decoded line by line (`decode_line`) so that a bad byte fails its own line only. (No byte of a
+        # multi-byte UTF-8 character is CR or LF, so no character is split.)
+        f = open(path, encoding="latin-1", newline=None)
     except OSError as err:
         raise open_error(path, err) from None
     with f:
-        for line_no, raw in enumerate(f, start=1):
-            yield Where(path, line_no), raw
+        for line_no, line in enumerate(f, start=1):
+            yield Where(path, line_no), line.encode("latin-1")
 
 
 def decode_line(raw: bytes, where: Where) -> str:

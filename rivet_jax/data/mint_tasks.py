@@ -19,7 +19,7 @@ from typing import Any
 
 from rivet_jax.data.files import decode_line, numbered_lines
 from rivet_jax.data.schema import Task
-from rivet_jax.data.validation import DataError, Where, parse_json_line
+from rivet_jax.data.validation import DataError, Where, parse_json
 
 __all__ = [
     "UPSTREAM_RUN",
@@ -82,7 +82,7 @@ def read_jsonl(path: Path) -> Iterator[tuple[Where, Any]]:
     for where, raw in numbered_lines(str(path)):
         text = decode_line(raw, where)
         if text.strip():
-            yield where, parse_json_line(text, where)
+            yield where, parse_json(text, where)
 
 
 def parse_task_id(value: Any, where: Where, field: str) -> str:

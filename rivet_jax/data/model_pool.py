@@ -7,8 +7,10 @@ Model cards (`read_model_cards` / `write_model_cards`) are one JSON document::
       "price_out_per_mtok": 1.5, "capabilities": {"tool_use": true, "code": true,
       "math": null}, "description": "..."}, ...]}
 
-Unknown card keys (e.g. "family", "open_weights") are accepted and ignored; `null`
-means unknown. Importers usually take these names from `rivet_jax.data.schema`, which re-exports them.
+"family" and "open_weights" (free-form metadata) and a top-level "note" are accepted and ignored; `null` means
+unknown. Any other key, and a key given twice, is a DataError: a typo'd "pirce_in_per_mtok" would otherwise be
+read as an unknown price, and of a repeated key only the last value would be. Importers usually take these names
+from `rivet_jax.data.schema`, which re-exports them.
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from typing import Any
 
 from rivet_jax.data.files import PathLike, atomic_write_text, open_error
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, require_field, require_object, wrong_type,
+    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, parse_json, reject_unknown_keys,
+    require_field, require_object, wrong_type,
 )
 
 __all__ = ["ModelCard", "ModelPool", "read_model_cards", "write_model_cards"]
+
+_CARD_KEYS = ("name", "description", "provider", "context_length", "price_in_per_mtok", "price_out_per_mtok",
+              "capabilities", "family", "open_weights")  # the last two: metadata, read and ignored
+_POOL_KEYS = ("models", "note")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +73,10 @@ class ModelCard:
     def from_json(
         cls, obj: Any, *, path: str = "<memory>", line: int | None = None, prefix: str = ""
     ) -> ModelCard:
-        """Parse one card; unknown keys are ignored (cards carry free-form metadata)."""
+        """Parse one card; a key outside `_CARD_KEYS` is a DataError that suggests the closest known key."""
         where = Where(path, line)
         obj = require_object(obj, where, prefix.rstrip(".") or "<record>")
+        reject_unknown_keys(obj, _CARD_KEYS, where, prefix)
 
         def field(key: str) -> Any:
             return obj.get(key, MISSING)
@@ -160,6 +168,7 @@ class ModelPool:
     def from_json(cls, obj: Any, *, path: str = "<memory>") -> ModelPool:
         where = Where(path, None)
         obj = require_object(obj, where, "<record>")
+        reject_unknown_keys(obj, _POOL_KEYS, where, "")
         models = require_field(obj, "models", where, "")
         if not isinstance(models, list):
             raise wrong_type(where, "models", "list", models)
@@ -218,11 +227,7 @@ def read_model_cards(path: PathLike) -> ModelPool:
         raise open_error(path_str, err) from None
     except UnicodeDecodeError as err:
         raise DataError(path_str, None, "<json>", f"not valid UTF-8: {err}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(path_str, err.lineno, "<json>", f"invalid JSON: {err.msg}") from None
-    return ModelPool.from_json(obj, path=path_str)
+    return ModelPool.from_json(parse_json(text, Where(path_str, None)), path=path_str)
 
 
 def write_model_cards(path: PathLike, pool: ModelPool) -> None:

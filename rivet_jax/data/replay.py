@@ -15,6 +15,7 @@ import math
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+from absl import logging
 
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import TokenCounter, episode_state_texts
@@ -49,10 +50,31 @@ class Replay:
         return {name: getattr(self, name) for name in names}
 
 
+# A turn dearer than this many median turns is not a price difference between models: per-token API prices span
+# about three decades and a turn's tokens rarely exceed the median turn's tenfold (the dearest turn of RouteSim's
+# training corpus costs 46 median turns, of MINT's 125). Such a cost is a logging or unit error: micro-dollars,
+# tokens logged as cost, 1e308.
+_OUTLIER_MEDIANS = 1e4
+
+
 def reference_cost(episodes: Sequence[Episode]) -> float:
-    """c_ref derived from a corpus: the mean per-turn cost, so that normalised costs are of order one."""
-    costs = [turn.cost for episode in episodes for turn in episode.turns]
-    c_ref = float(np.mean(costs)) if costs else 0.0
+    """c_ref derived from a corpus: the mean per-turn cost, so that normalised costs are of order one.
+
+    The mean leaves out turns costing more than `_OUTLIER_MEDIANS` (10^4) times the median of the positive per-turn
+    costs, with a warning: one logged cost of 1e308 among normal ones would otherwise make c_ref ~1e305 and every
+    normalised cost ~0, a cost-blind router. Leaving such turns out (rather than clipping them at the bound) keeps
+    c_ref the mean of the plausible costs however few turns the corpus has; the median sets the bound because it
+    holds with up to half the costs corrupt. On a corpus without such turns this is the plain mean, bit for bit.
+    """
+    costs = np.array([turn.cost for episode in episodes for turn in episode.turns], np.float64)
+    positive = costs[costs > 0]
+    bound = _OUTLIER_MEDIANS * float(np.median(positive)) if positive.size else math.inf
+    outliers = costs > bound
+    if outliers.any():
+        logging.warning("c_ref: %d of %d turn costs exceed %.3g (10^4 x the median turn cost) and are left out of "
+                        "the mean, the largest %.3g; check the logs' cost units, or set config reward.c_ref",
+                        int(outliers.sum()), costs.size, bound, float(costs.max()))
+    c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
     if not (c_ref > 0 and math.isfinite(c_ref)):
         raise ValueError(f"cannot derive c_ref from this corpus: mean per-turn cost is {c_ref}; set config c_ref")
     return c_ref

@@ -20,8 +20,10 @@ Episodes (`read_episodes` / `write_episodes`) are JSONL, one episode per line:
 ```
 
 `family`, `propensity`, `available`, `done` are optional. Blank lines are skipped (not
-errors). Unknown keys in an episode record are rejected, because in a schema a typo'd
-key would otherwise be read as "field absent".
+errors); a line ends at LF, CR LF or a lone CR. Unknown and repeated keys in an episode record are
+rejected, because in a schema a typo'd key would otherwise be read as "field absent" and of a
+repeated one only the last value would be; so is half a UTF-16 surrogate pair in any string
+(it would crash the text encoder later), and a file without a single episode.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from typing import Any
 from rivet_jax.data.files import PathLike, atomic_write_text, decode_line, numbered_lines
 from rivet_jax.data.model_pool import ModelCard, ModelPool, read_model_cards, write_model_cards
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, parse_json_line, reject_unknown_keys,
-    require_field, require_object, wrong_type,
+    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, parse_json, reject_unknown_keys,
+    require_field, require_object, shown, wrong_type,
 )
 
 __all__ = [
@@ -154,7 +156,7 @@ class Episode:
         if isinstance(outcome, bool) or not isinstance(outcome, int):
             raise wrong_type(where, "outcome", "the integer 0 or 1", outcome)
         if outcome not in (0, 1):
-            raise where.error("outcome", f"must be the integer 0 or 1, got {outcome}")
+            raise where.error("outcome", f"must be the integer 0 or 1, got {shown(outcome)}")
         return cls(episode_id=episode_id, task=task, turns=turns, outcome=outcome)
 
 
@@ -245,13 +247,19 @@ class EpisodeFile:
     skipped: list[DataError]  # empty unless skip_invalid
 
 
-def read_episodes(path: PathLike, pool: ModelPool, *, skip_invalid: bool = False) -> EpisodeFile:
+def read_episodes(
+    path: PathLike, pool: ModelPool, *, skip_invalid: bool = False, max_skipped_fraction: float = 0.1
+) -> EpisodeFile:
     """Read a JSONL episode file, validating every record against `pool`.
 
-    By default the first bad record raises. With skip_invalid=True every bad line's
-    DataError is collected in `skipped` and all valid records are kept; of duplicate
-    episode_ids the first occurrence is kept.
+    By default the first bad record raises. With skip_invalid=True every bad line's DataError is collected in
+    `skipped` and all valid records are kept; of duplicate episode_ids the first occurrence is kept. Skipping has a
+    limit: when more than `max_skipped_fraction` of the records (non-blank lines) are bad the file is refused, since
+    a corpus that mostly fails to parse is a wrong file or a broken exporter, not a few corrupt lines. A file
+    without a single episode is refused either way.
     """
+    if not 0.0 <= max_skipped_fraction <= 1.0:
+        raise ValueError(f"max_skipped_fraction must be in [0, 1], got {max_skipped_fraction}")
     path_str = os.fspath(path)
     episodes: list[Episode] = []
     skipped: list[DataError] = []
@@ -261,7 +269,7 @@ def read_episodes(path: PathLike, pool: ModelPool, *, skip_invalid: bool = False
             text = decode_line(raw, where)
             if not text.strip():
                 continue
-            record = parse_json_line(text, where)
+            record = parse_json(text, where)
             episode = Episode.from_json(record, pool, path=path_str, line=where.line)
             first = first_line_of_id.get(episode.episode_id)
             if first is not None:
@@ -276,7 +284,22 @@ def read_episodes(path: PathLike, pool: ModelPool, *, skip_invalid: bool = False
             continue
         first_line_of_id[episode.episode_id] = where.line
         episodes.append(episode)
+    _check_enough_read(path_str, len(episodes), skipped, max_skipped_fraction)
     return EpisodeFile(episodes=episodes, skipped=skipped)
+
+
+def _check_enough_read(path: str, kept: int, skipped: list[DataError], max_skipped_fraction: float) -> None:
+    """A file-level DataError when nothing was read, or when skip mode dropped more than the allowed share."""
+    records = kept + len(skipped)
+    if records == 0:
+        raise DataError(path, None, "<file>", "no episodes: the file has no records (it is empty or blank)")
+    if kept == 0:
+        raise DataError(path, None, "<file>", f"no episodes: all {records} records are invalid; the first: "
+                                              f"{skipped[0]}")
+    if len(skipped) / records > max_skipped_fraction:
+        raise DataError(path, None, "<file>",
+                        f"{len(skipped)} of {records} records are invalid ({len(skipped) / records:.0%}), more than "
+                        f"max_skipped_fraction={max_skipped_fraction:g} allows; the first: {skipped[0]}")
 
 
 def write_episodes(path: PathLike, episodes: Iterable[Episode]) -> None:

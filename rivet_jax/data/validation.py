@@ -4,13 +4,17 @@ Every reader of logged data (episodes and model cards in `schema` / `model_pool`
 malformed record as a `DataError` naming the file, the 1-based line and the field, so a typo'd key or a cost stored
 as a string is caught where it is rather than quietly biasing what is trained on it. The checkers here take the
 value, a `Where` (file and line) and the field's dotted name, and either return the value typed or raise.
+`parse_json` turns text into a JSON value, reporting everything json.loads would raise, or silently accept
+(a repeated key, half a surrogate pair), as a DataError too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +23,7 @@ __all__ = [
     "Where",
     "MISSING",
     "json_type_name",
+    "shown",
     "wrong_type",
     "require_object",
     "require_field",
@@ -28,10 +33,11 @@ __all__ = [
     "as_int",
     "as_number",
     "optional",
-    "parse_json_line",
+    "parse_json",
 ]
 
 T = TypeVar("T")
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
 class DataError(ValueError):
@@ -87,6 +93,14 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def shown(number: Any) -> str:
+    """A number for an error message; a big integer by its size, so that one corrupt record can neither flood the
+    message with hundreds of digits nor (past Python's int-to-string limit) crash while it is written."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        return f"an integer of about {int(number.bit_length() * math.log10(2)) + 1} digits"
+    return str(number)
+
+
 def wrong_type(where: Where, field: str, expected: str, value: Any) -> DataError:
     """The 'expected X, got Y' error for a value of the wrong JSON type."""
     return where.error(field, f"expected {expected}, got {json_type_name(value)}")
@@ -111,9 +125,16 @@ def reject_unknown_keys(
     # In a schema a typo'd key would otherwise be read as "field absent".
     for key in obj:
         if key not in allowed:
-            raise where.error(
-                prefix + str(key), f"unknown key; expected only: {', '.join(allowed)}"
-            )
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise where.error(_key_field(prefix, key), f"unknown key; {hint}expected only: {', '.join(allowed)}")
+
+
+def _key_field(prefix: str, key: Any) -> str:
+    """The field name of an object's key: `prefix + key`, with an empty key shown as '' so a field is never blank
+    and a lone surrogate escaped so the message can be printed."""
+    name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+    return prefix + (name or "''")
 
 
 def as_str(value: Any, where: Where, field: str, *, non_empty: bool = False) -> str:
@@ -134,8 +155,10 @@ def as_int(value: Any, where: Where, field: str, *, minimum: int | None = None) 
     # bool is an int subclass in Python but never a count in the data.
     if isinstance(value, bool) or not isinstance(value, int):
         raise wrong_type(where, field, "int", value)
+    if not _INT64_MIN <= value <= _INT64_MAX:  # counts go into int64 arrays downstream
+        raise where.error(field, f"outside the 64-bit integer range, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise where.error(field, f"must be >= {minimum}, got {value}")
+        raise where.error(field, f"must be >= {minimum}, got {shown(value)}")
     return value
 
 
@@ -143,11 +166,14 @@ def as_number(value: Any, where: Where, field: str, *, minimum: float | None = N
     """A finite int/float (not bool) as float; json.loads accepts NaN/Infinity so check."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise wrong_type(where, field, "number", value)
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int of more than ~308 digits: JSON reads it exactly, float() cannot
+        raise where.error(field, f"too large for a float, got {shown(value)}") from None
     if not math.isfinite(number):
         raise where.error(field, f"must be finite, got {value}")
     if minimum is not None and number < minimum:
-        raise where.error(field, f"must be >= {minimum:g}, got {value}")
+        raise where.error(field, f"must be >= {minimum:g}, got {shown(value)}")
     return number
 
 
@@ -158,25 +184,77 @@ def optional(value: Any, parse: Callable[..., T], *args, **kwargs) -> T | None:
     return parse(value, *args, **kwargs)
 
 
-class _DuplicateKey(Exception):
-    pass
+class _RepeatedKey(dict):
+    """A JSON object in which `key` appeared more than once (json.loads alone would keep its last value silently)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str):
+        super().__init__(pairs)
+        self.key = key
 
 
-def _object_without_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
-    # json.loads keeps the last of repeated keys silently; a repeated key is a corrupt record.
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _DuplicateKey(key)
-        obj[key] = value
-    return obj
+def _object_noting_repeated_keys(pairs: list[tuple[str, Any]]) -> dict:
+    # Only noted here: `_first_problem` reports it, knowing where the object sits in the record, so the error
+    # names the field rather than just the key.
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _RepeatedKey(pairs, key)
+        seen.add(key)
+    return dict(pairs)
 
 
-def parse_json_line(text: str, where: Where) -> Any:
-    """One JSONL record; invalid JSON and repeated keys are DataErrors on the '<json>' field."""
+def _lone_surrogate(text: str) -> str | None:
+    """Why `text` is not Unicode text, or None. A JSON escape of half a surrogate pair ("\\ud800") reads as a str
+    that cannot be encoded: it would pass every check and crash the encoder (UnicodeEncodeError) much later."""
     try:
-        return json.loads(text, object_pairs_hook=_object_without_duplicate_keys)
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"lone surrogate \\u{ord(text[err.start]):04x} at character {err.start} (half of a UTF-16 pair): "
+                f"not Unicode text")
+    return None
+
+
+def _first_problem(value: Any) -> tuple[str, str] | None:
+    """(field, why) of the first repeated key or lone surrogate (in a key or a string) in a parsed JSON value, in
+    document order. Iterative, so nesting just under json's own limit cannot overflow the stack here."""
+    stack = [("", value)]
+    while stack:
+        field, item = stack.pop()
+        if isinstance(item, str) and (why := _lone_surrogate(item)):
+            return field or "<record>", why
+        prefix = field + "." if field else ""
+        if isinstance(item, _RepeatedKey):
+            name = _key_field(prefix, item.key)
+            return name, f"duplicate key '{name.removeprefix(prefix)}' in a JSON object (only one value can be read)"
+        if isinstance(item, dict):
+            for key in item:
+                if why := _lone_surrogate(key):
+                    return _key_field(prefix, key), f"in the key: {why}"
+            stack.extend((_key_field(prefix, key), child) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{field}[{i}]", item[i]) for i in reversed(range(len(item))))
+    return None
+
+
+def parse_json(text: str, where: Where) -> Any:
+    """One JSON value: a JSONL record, or (`where.line` None) a whole document such as the model cards.
+
+    Whatever the text, the result is the value or a DataError: invalid JSON, an integer past Python's int-string
+    conversion limit and nesting past the decoder's recursion limit on the '<json>' field (a whole document's
+    syntax error at its own line); a repeated key or a lone surrogate on the field where it is.
+    """
+    try:
+        value = json.loads(text, object_pairs_hook=_object_noting_repeated_keys)
     except json.JSONDecodeError as err:
-        raise where.error("<json>", f"invalid JSON: {err.msg} at column {err.colno}") from None
-    except _DuplicateKey as err:
-        raise where.error("<json>", f"duplicate key '{err.args[0]}' in a JSON object") from None
+        at = where if where.line is not None else Where(where.path, err.lineno)
+        raise at.error("<json>", f"invalid JSON: {err.msg} at column {err.colno}") from None
+    except RecursionError:
+        raise where.error("<json>", "invalid JSON: nested too deeply to read") from None
+    except ValueError:  # json.loads' one other ValueError: int("1" + 5000 zeros) exceeds the conversion limit
+        raise where.error(
+            "<json>", f"invalid JSON: an integer of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    problem = _first_problem(value)
+    if problem is not None:
+        raise where.error(*problem)
+    return value

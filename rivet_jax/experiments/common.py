@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from rivet_jax import checkpointing, run_group, train
+from rivet_jax import checkpointing, run_group, run_identity, train
 from rivet_jax.progress import Progress
 
 MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
@@ -74,12 +74,13 @@ def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Pat
 
 
 def check_same_config(path: Path, section: dict) -> None:
-    """Refuses to mix outputs of different configurations in one workdir: `section` is written to `path` the first
-    time and must equal it every later time."""
+    """Refuses to mix outputs of different configurations in one workdir: `section` (JSON values) is written to
+    `path` the first time and must equal it every later time; ConfigChangedError lists every difference."""
     if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved != section:
-            raise ValueError(f"{path.parent} was made with another configuration ({path}); use a new workdir")
+        changed = run_identity.differences(json.loads(path.read_text(encoding="utf-8")), section)
+        if changed:
+            raise checkpointing.ConfigChangedError(f"{path.parent} was made with another configuration ({path}: "
+                                                   f"{'; '.join(changed)}): use a new workdir, or those settings")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")

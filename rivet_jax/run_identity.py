@@ -1,0 +1,98 @@
+"""What makes a training run the same run: the settings and the corpus its checkpoints were made with.
+
+A resume continues the run whose checkpoints are in the workdir, so everything that shaped those parameters must
+be what this run would use; otherwise the result would silently mix two runs. Which settings count, for a run
+resuming (or starting) stage S:
+
+    identity    seed, max_state_tokens, target_sync_steps; every key of data, reward, model, loss, optim;
+                the epoch counts of the stages before S (their finished parameters are S's start);
+                for the online stage resuming itself: online and sim (its schedule and its environment)
+    by content  the logs (data.episodes, data.cards): their sha256, not their paths, so moved logs still resume;
+                the encoder: its fingerprint (checkpointing.check_compatible), not its batch size or weights path
+    free        S's own epoch count (raise it to train longer; lower it, but not below the epochs already done),
+                the later stages' settings, devices, checkpoint cadence and retention, caches, host feeding,
+                and the experiments' evaluation, selection and report sections
+
+A key only one side has is not compared: an override cannot add a key, so it comes from another version of the
+code (a setting added since, with a default), not from the user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+STAGES = ("mc", "td", "online")  # training order
+EPOCH_KEYS = {"mc": "mc_epochs", "td": "td_epochs"}
+RUN_KEYS = frozenset({"seed", "max_state_tokens", "target_sync_steps"})
+RUN_SECTIONS = frozenset({"data", "reward", "model", "loss", "optim"})
+STAGE_SECTIONS = {"online": frozenset({"online", "sim"})}
+# Inside the identity sections but harmless: where things are read from or cached, how batches are fed, and a
+# guard that only refuses (the records skipped are those of skip_invalid and the logs' bytes).
+FREE_KEYS = frozenset({"data.episodes", "data.cards", "data.embedding_cache", "data.embeddings_on_disk",
+                       "data.host_chunk_steps", "data.max_skipped_fraction"})
+UNSET = "<unset>"
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def differences(old: dict, new: dict, keys=None) -> list[str]:
+    """'key: old -> new' for every dotted key (of `keys`, default all) whose value differs between two nested
+    dicts of JSON values, sorted by key; a key one side lacks shows as <unset> there."""
+    old, new = flatten(old), flatten(new)
+    keys = sorted(set(old) | set(new)) if keys is None else sorted(keys)
+    return [f"{key}: {_shown(old, key)} -> {_shown(new, key)}" for key in keys
+            if old.get(key, UNSET) != new.get(key, UNSET)]
+
+
+def _shown(values: dict, key: str) -> str:
+    return repr(values[key]) if key in values else UNSET
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (read in blocks: a corpus need not fit in memory twice)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def corpus_digest(episodes: str | os.PathLike, cards: str | os.PathLike) -> dict[str, str]:
+    """What a checkpoint records of the logs it was trained on."""
+    return {"episodes": file_digest(episodes), "cards": file_digest(cards)}
+
+
+def is_identity(key: str, stage: str, resuming: bool) -> bool:
+    """Whether `key` must be unchanged for stage `stage` to continue from a checkpoint (of `stage` itself when
+    `resuming`, else of an earlier stage whose parameters it starts from)."""
+    if key in FREE_KEYS:
+        return False
+    section = key.split(".")[0]
+    earlier = STAGES[:STAGES.index(stage)]
+    return (key in RUN_KEYS or section in RUN_SECTIONS or key in {EPOCH_KEYS.get(s) for s in earlier}
+            or (resuming and section in STAGE_SECTIONS.get(stage, ())))
+
+
+def resume_differences(meta: dict, config: dict, digest: dict[str, str] | None, stage: str) -> list[str]:
+    """Everything that stops stage `stage` of a run (`config` as JSON, its corpus `digest`) from continuing from a
+    checkpoint with `meta` (its config, corpus digest, stage and epoch), one 'what: old -> new' line each."""
+    resuming = meta["stage"] == stage
+    saved, current = flatten(meta["config"]), flatten(config)
+    keys = [k for k in set(saved) & set(current) if is_identity(k, stage, resuming)]
+    problems = differences(meta["config"], config, keys)
+    own = EPOCH_KEYS.get(stage)
+    if resuming and own is not None and current.get(own, 0) < meta["epoch"]:
+        problems.append(f"{own}: {saved.get(own)!r} -> {current.get(own)!r} (the checkpoint already holds "
+                        f"{meta['epoch']} epochs)")
+    if "corpus" in meta and digest is not None:  # checkpoints of format 1 did not record their corpus
+        problems += [f"corpus.{name} (sha256 of the file): {meta['corpus'].get(name, UNSET)[:12]}... -> "
+                     f"{digest[name][:12]}..." for name in sorted(digest) if meta["corpus"].get(name) != digest[name]]
+    return problems

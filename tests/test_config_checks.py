@@ -1,0 +1,73 @@
+"""Config values are checked before any compute, one line per bad value; launcher config mistakes are one line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from configs import default, mint, routesim
+from rivet_jax import train
+from rivet_jax.config_checks import ConfigError, check_config, config_problems
+from rivet_jax.experiments.common import with_overrides
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("module,variant", [(default, ""), (default, "tiny"), (routesim, ""), (routesim, "tiny"),
+                                            (mint, ""), (mint, "tiny")])
+def test_shipped_configs_pass(module, variant):
+    assert config_problems(module.get_config(variant)) == []
+
+
+def test_every_bad_value_is_one_line():
+    config = with_overrides(default.get_config("tiny"), {
+        "optim.batch_size": 0, "reward.gamma": 1.5, "reward.lam": 1e30, "loss.alpha": -0.1, "loss.huber_delta": 0.0,
+        "checkpoint_every_epochs": 0, "reward.c_ref": -2.0, "optim.lr": float("nan"), "stage": "bogus"})
+    assert config_problems(config) == [
+        "stage: got 'bogus', expected one of mc, td, online, offline, all",
+        "reward.lam: got 1e+30, expected a number in [0, 1000] (the cost weight of Eq. 1)",
+        "reward.gamma: got 1.5, expected a discount in (0, 1]",
+        "reward.c_ref: got -2.0, expected None (from the corpus) or a cost > 0",
+        "loss.alpha: got -0.1, expected a number in [0, 1000] (the CQL weight of Eq. 11)",
+        "loss.huber_delta: got 0.0, expected a number > 0",
+        "optim.lr: got nan, expected a learning rate in (0, 1]",
+        "optim.batch_size: got 0, expected an integer >= 1",
+        "checkpoint_every_epochs: got 0, expected an integer >= 1",
+    ]
+
+
+def test_missing_pieces_are_named():
+    config = with_overrides(default.get_config("tiny"), {"data.episodes": "logs.jsonl", "stage": "online"})
+    problems = config_problems(config)
+    assert problems == ["data.cards: required with data.episodes (the pool's model_cards.json)",
+                        "stage: 'online' acts in an environment, and this config has none (`sim`): use "
+                        "configs/routesim.py, or stage 'offline'"]
+
+
+def test_training_refuses_before_any_compute(tmp_path):
+    config = with_overrides(default.get_config("tiny"), {"data.demo": True, "optim.batch_size": 0})
+    with pytest.raises(ConfigError, match="optim.batch_size: got 0"):
+        train.train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing collected, embedded or written
+    check_config(with_overrides(config, {"optim.batch_size": 16}))
+
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_launcher_config_mistakes_are_one_line(tmp_path):
+    typo = _launch(f"--workdir={tmp_path}", "--config.reward.lamda=0.1")
+    assert typo.returncode == 1 and "Traceback" not in typo.stderr
+    assert typo.stderr.strip().splitlines() == [
+        "FATAL Flags parsing error: --config.reward.lamda: config.reward has no key 'lamda'; did you mean "
+        "--config.reward.lam?"]
+    bad = _launch(f"--workdir={tmp_path / 'w'}", "--config.optim.batch_size=0", "--config.stage=bogus")
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert "stage: got 'bogus'" in bad.stderr and "optim.batch_size: got 0" in bad.stderr
+    assert not (tmp_path / "w").exists()
+    helped = _launch("--help")
+    assert helped.returncode == 0
+    assert "--config.reward.lam=0.05" in helped.stdout and "--config.optim.batch_size=16" in helped.stdout

@@ -1,0 +1,282 @@
+"""Issue 14, runs that mix and checkpoints: a resume after the config or the logs changed, two runs on one workdir,
+damaged checkpoints and non-finite parameters are each refused (or worked around) out loud, never silently."""
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from rivet_jax import checkpointing, corpus, run_identity, train
+from rivet_jax.experiments.common import check_same_config, with_overrides
+from rivet_jax.learner import NonFiniteLossError
+from rivet_jax.networks import rve_params
+from rivet_jax.router import Router
+from rivet_jax.workdir_lock import WorkdirBusyError, hold_workdir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(**overrides):
+    return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished tiny MC stage (epochs 1 and 2 kept); tests copy it before changing anything."""
+    workdir = tmp_path_factory.mktemp("trained")
+    train.run_stage(tiny_config(), workdir, "mc")
+    return workdir
+
+
+def copy_of(trained: Path, tmp_path: Path) -> Path:
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    return workdir
+
+
+# ------------------------------------------------------------------------------------ 1. runs that mix
+
+
+def test_differences_name_every_changed_key():
+    old = {"reward": {"lam": 0.05, "gamma": 0.99}, "seed": 1, "gone": 3}
+    new = {"reward": {"lam": 0.1, "gamma": 0.99}, "seed": 2, "added": True}
+    assert run_identity.differences(old, new) == ["added: <unset> -> True", "gone: 3 -> <unset>",
+                                                  "reward.lam: 0.05 -> 0.1", "seed: 1 -> 2"]
+
+
+def test_which_settings_are_the_run_identity():
+    assert run_identity.is_identity("reward.lam", "mc", resuming=True)
+    assert run_identity.is_identity("optim.lr", "td", resuming=False)
+    assert run_identity.is_identity("mc_epochs", "td", resuming=False)      # an earlier stage's length
+    assert not run_identity.is_identity("td_epochs", "td", resuming=True)   # the own stage may train longer
+    assert not run_identity.is_identity("td_epochs", "mc", resuming=True)   # a later stage's
+    assert not run_identity.is_identity("checkpoints_to_keep", "mc", resuming=True)
+    assert not run_identity.is_identity("devices", "mc", resuming=True)
+    assert not run_identity.is_identity("data.episodes", "mc", resuming=True)  # compared by content instead
+    assert not run_identity.is_identity("evaluate.rollouts", "td", resuming=True)
+    assert run_identity.is_identity("online.lr", "online", resuming=True)
+    assert not run_identity.is_identity("online.lr", "online", resuming=False)  # starting online from TD
+
+
+def test_resume_with_changed_config_is_refused_listing_every_difference(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    changed = tiny_config(**{"reward.lam": 0.1, "optim.lr": 1e-3, "reward.gamma": 0.9})
+    with pytest.raises(checkpointing.ConfigChangedError) as refused:
+        train.run_stage(changed, workdir, "mc")
+    message = str(refused.value)
+    assert "reward.lam: 0.05 -> 0.1" in message and "optim.lr: 0.0003 -> 0.001" in message
+    assert "reward.gamma: 0.99 -> 0.9" in message and "\n" not in message
+    # TD starts from the MC parameters: those must be this run's too, epochs included
+    with pytest.raises(checkpointing.ConfigChangedError, match="mc_epochs: 2 -> 1"):
+        train.run_stage(tiny_config(mc_epochs=1), workdir, "td")
+    # fewer epochs than the stage already holds: the finished state would not be what the config asks
+    with pytest.raises(checkpointing.ConfigChangedError, match=r"mc_epochs: 2 -> 1 \(the checkpoint already holds 2"):
+        train.run_stage(tiny_config(mc_epochs=1), workdir, "mc")
+    assert checkpointing.StageCheckpoints(workdir, "mc").latest_epoch() == 2  # nothing was written
+
+
+def test_harmless_changes_and_more_epochs_resume(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    longer = tiny_config(mc_epochs=3, checkpoints_to_keep=3, checkpoint_every_epochs=2, devices=1,
+                         **{"data.host_chunk_steps": 7, "online.lr": 1.0, "td_epochs": 9})
+    train.run_stage(longer, workdir, "mc")
+    assert checkpointing.StageCheckpoints(workdir, "mc").latest_epoch() == 3
+
+
+def test_resume_on_changed_logs_is_refused_but_moved_logs_resume(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    logs = tmp_path / "moved"
+    logs.mkdir()
+    for name in ("episodes.jsonl", "model_cards.json"):
+        shutil.copy(workdir / "data" / name, logs / name)
+    moved = tiny_config(mc_epochs=3, **{"data.episodes": str(logs / "episodes.jsonl"),
+                                        "data.cards": str(logs / "model_cards.json")})
+    train.run_stage(moved, workdir, "mc")  # same bytes elsewhere: the same run
+    lines = (logs / "episodes.jsonl").read_text().splitlines()
+    (logs / "episodes.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(checkpointing.ConfigChangedError, match=r"corpus\.episodes \(sha256 of the file\)"):
+        train.run_stage(moved, workdir, "mc")
+
+
+def test_check_same_config_lists_the_differences(tmp_path):
+    path = tmp_path / "corpus" / "config.json"
+    check_same_config(path, {"sim": {"seed": 0}, "collect": {"tasks": 5}})
+    check_same_config(path, {"sim": {"seed": 0}, "collect": {"tasks": 5}})
+    with pytest.raises(checkpointing.ConfigChangedError, match=r"collect\.tasks: 5 -> 6; sim\.seed: 0 -> 1"):
+        check_same_config(path, {"sim": {"seed": 1}, "collect": {"tasks": 6}})
+
+
+# --------------------------------------------------------------------------------- 2. one run per workdir
+
+
+def test_second_run_on_a_held_workdir_is_refused_with_the_holders_pid(tmp_path):
+    with hold_workdir(tmp_path):
+        with pytest.raises(WorkdirBusyError, match=f"in use by another training run \\(pid {os.getpid()} on "):
+            train.train(tiny_config(), tmp_path)
+        fd = os.open(tmp_path / ".lock", os.O_RDWR)  # another open file description conflicts, even in-process
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    assert not (tmp_path / "checkpoints").exists()  # refused before reading or writing anything
+    with hold_workdir(tmp_path):  # released at the end of the block
+        pass
+
+
+def test_a_stale_lock_file_does_not_block(tmp_path):
+    (tmp_path / ".lock").write_text("pid 999999 on a-host-that-died\n")
+    with hold_workdir(tmp_path):
+        assert (tmp_path / ".lock").read_text().startswith(f"pid {os.getpid()} ")
+
+
+def test_launcher_refuses_a_held_workdir_in_one_line(tmp_path):
+    with hold_workdir(tmp_path):
+        result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
+                                 f"--workdir={tmp_path}", "--config.data.demo=True"], cwd=REPO, capture_output=True,
+                                text=True, timeout=300)
+    assert result.returncode == 1
+    assert f"WorkdirBusyError: {tmp_path.resolve()} is in use by another training run (pid {os.getpid()}" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------------- 3. damaged checkpoints
+
+
+def _first_data_file(step: Path) -> Path:
+    return sorted(p for p in (step / "state").rglob("*") if p.is_file() and p.parent.name == "d")[0]
+
+
+def _truncate(step: Path):
+    data = _first_data_file(step)
+    data.write_bytes(data.read_bytes()[: len(data.read_bytes()) // 2])
+
+
+def _flip_a_byte(step: Path):
+    data = _first_data_file(step)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    data.write_bytes(bytes(raw))
+
+
+def _garbage_meta(step: Path):
+    (step / "meta" / "metadata").write_text("{not json")
+
+
+def _garbage_state(step: Path):
+    (step / "state" / "_METADATA").write_text("garbage")
+
+
+def _no_state(step: Path):
+    shutil.rmtree(step / "state")
+
+
+def _no_meta(step: Path):
+    shutil.rmtree(step / "meta")
+
+
+DAMAGES = [_truncate, _flip_a_byte, _garbage_meta, _garbage_state, _no_state, _no_meta]
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=lambda f: f.__name__.strip("_"))
+def test_router_falls_back_to_the_newest_intact_checkpoint(trained, tmp_path, damage, caplog):
+    workdir = copy_of(trained, tmp_path)
+    step = checkpointing.stage_dir(workdir, "mc") / "2"
+    damage(step)
+    with caplog.at_level(logging.WARNING):
+        router = Router.from_checkpoint(workdir, stage="mc")
+    assert f"checkpoint {step} is damaged" in caplog.text and "using epoch 1 instead" in caplog.text
+    assert step.is_dir()  # a reader leaves the evidence where it is
+    epoch_1, _ = checkpointing.StageCheckpoints(trained, "mc").restore(None, epoch=1)
+    for got, want in zip(leaves(router._params), leaves(rve_params(epoch_1["params"]))):
+        np.testing.assert_array_equal(got[0], want)
+
+
+def test_training_resumes_from_the_newest_intact_checkpoint_to_the_same_parameters(trained, tmp_path, caplog):
+    workdir = copy_of(trained, tmp_path)
+    step = checkpointing.stage_dir(workdir, "mc") / "2"
+    _truncate(step)
+    with caplog.at_level(logging.WARNING):
+        resumed = train.run_stage(tiny_config(), workdir, "mc")  # moves epoch 2 aside, trains it again
+    assert f"moved to {step.with_name('2.damaged')}" in caplog.text
+    assert step.with_name("2.damaged").is_dir() and checkpointing.damage(step) is None
+    straight = train.run_stage(tiny_config(), trained, "mc")  # finished: restores only
+    for got, want in zip(leaves(resumed.params), leaves(straight.params)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_no_intact_checkpoint_is_a_clear_error(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    for epoch in ("1", "2"):
+        _garbage_meta(checkpointing.stage_dir(workdir, "mc") / epoch)
+    with pytest.raises(checkpointing.DamagedCheckpointError,
+                       match="no intact checkpoint in .*mc/2: meta/metadata does not match its checksum"):
+        Router.from_checkpoint(workdir)
+    with pytest.raises(checkpointing.DamagedCheckpointError, match="delete the directory"):
+        train.train(tiny_config(stage="mc"), workdir)
+
+
+# ------------------------------------------------------------------------------------ 4. NaN parameters
+
+
+def test_router_refuses_non_finite_parameters(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    checkpoints = checkpointing.StageCheckpoints(workdir, "mc")
+    state, meta = checkpoints.restore(None)
+    broken = jax.tree.map(lambda x: jnp.asarray(x).at[(0,) * x.ndim].set(jnp.nan), state["params"])
+    checkpoints.save(3, {**state, "params": broken}, meta)  # as a run without the finiteness check would have
+    checkpoints.close()
+    with pytest.raises(checkpointing.NonFiniteParamsError, match=r"mc/3: the parameters \["):
+        Router.from_checkpoint(workdir)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_training_never_saves_non_finite_parameters(tmp_path):
+    # One step per epoch (the batch exceeds the corpus) and an infinite step size: the loss is finite, the
+    # parameters after the update are not.
+    config = tiny_config(**{"optim.batch_size": 4096, "optim.lr": 1e39})
+    with pytest.raises(checkpointing.NonFiniteParamsError, match=r"stage mc: the parameters .* after epoch 1 "
+                                                                 r"\(step 1\); nothing of the epoch was saved. "
+                                                                 r"Suspect the config: optim.lr=1e\+39"):
+        train.run_stage(config, tmp_path, "mc")
+    assert checkpointing.StageCheckpoints(tmp_path, "mc").latest_epoch() is None
+
+
+def test_divergence_at_the_first_step_names_the_config(tmp_path):
+    config = tiny_config()
+    prepared = corpus.prepare_data(config, tmp_path)
+    broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
+        replay={**prepared.data.replay, "mc_return": prepared.data.replay["mc_return"].at[:].set(jnp.inf)})})
+    with pytest.raises(NonFiniteLossError, match=r"at the stage's first step: suspect the config \(optim.lr=0.0003, "
+                                                 r"reward.lam=0.05"):
+        train.run_stage(config, tmp_path, "mc", prepared=broken)
+
+
+def test_meta_records_the_corpus_and_checksums(trained):
+    step = checkpointing.stage_dir(trained, "mc") / "2"
+    meta = json.loads((step / "meta" / "metadata").read_text())
+    assert meta["format_version"] == 2 and set(meta["corpus"]) == {"episodes", "cards"}
+    sums = json.loads((step / checkpointing.CHECKSUMS).read_text())
+    assert set(sums) == set(checkpointing.item_files(step))
+
+
+def test_a_setting_added_by_a_newer_version_does_not_block_a_resume(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    meta = checkpointing.StageCheckpoints(workdir, "mc").restore_meta()
+    newer = {**meta["config"], "loss": {**meta["config"]["loss"], "added_since": 1.0}}
+    assert run_identity.resume_differences(meta, newer, meta["corpus"], "mc") == []
+    changed = {**newer, "loss": {**newer["loss"], "alpha": 0.5}}
+    assert run_identity.resume_differences(meta, changed, meta["corpus"], "mc") == ["loss.alpha: 0.1 -> 0.5"]
