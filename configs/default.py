@@ -33,6 +33,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.data.cards = ""          # model_cards.json of the pool; required with `episodes`
     config.data.skip_invalid = False  # True: skip and count malformed records instead of stopping
     config.data.max_skipped_fraction = 0.1  # skip mode fails when more of the records than this are bad
+    # Held out from training, by task (data/splits.py; the split is written to <workdir>/splits.json and kept):
+    # validation chooses, test reports (launch.evaluate_logs). 0 and 0: train on every task.
+    config.data.holdout = ml_collections.ConfigDict({"validation": 0.1, "test": 0.1, "seed": 0})
     config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
     # True: the embedding table is a memory-mapped file (<embedding cache>/tables/) that batches are gathered from
     # on the host, so a corpus larger than memory trains. Multi-host runs always feed batches from the host.
@@ -103,6 +106,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
     if arg == "tiny":
         config.data.demo_tasks = 9  # 63 episodes
+        config.data.holdout.validation = config.data.holdout.test = 0.0
         config.encoder.dim = 64
         config.max_state_tokens = 512
         config.model.hidden = 32

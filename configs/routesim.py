@@ -21,6 +21,8 @@ from rivet_jax.envs import routesim_config
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = default.get_config(arg)
     config.stage = "offline"
+    # RouteSim draws its own validation and test tasks (config.sim): the logged corpus is all training tasks.
+    config.data.holdout.validation = config.data.holdout.test = 0.0
     # The reproduction trains 27 runs: a checkpoint every 5 epochs (and after the last) instead of every epoch
     # saves ~1 minute of orbax writes; a killed run loses at most 4 epochs.
     config.checkpoint_every_epochs = 5

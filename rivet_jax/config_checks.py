@@ -47,6 +47,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "data.demo_tasks": (_at_least(1), "an integer >= 1"),
     "data.host_chunk_steps": (_at_least(1), "an integer >= 1"),
     "data.max_skipped_fraction": (_in(0.0, 1.0), "a fraction in [0, 1]"),
+    "data.holdout.validation": (_in(0.0, 0.9), "a fraction of the tasks in [0, 0.9]"),
+    "data.holdout.test": (_in(0.0, 0.9), "a fraction of the tasks in [0, 0.9]"),
+    "data.holdout.seed": (_integer, "an integer"),
     "encoder.dim": (_at_least(1), "an integer >= 1"),
     "reward.lam": (_in(0.0, MAX_WEIGHT), f"a number in [0, {MAX_WEIGHT:g}] (the cost weight of Eq. 1)"),
     "reward.gamma": (_in(0.0, 1.0, low_open=True), "a discount in (0, 1]"),
@@ -100,6 +103,11 @@ def config_problems(config) -> list[str]:
     data = config.get("data")
     if data is not None and data.get("episodes") and not data.get("cards"):
         problems.append("data.cards: required with data.episodes (the pool's model_cards.json)")
+    holdout = data.get("holdout") if data is not None else None
+    if holdout is not None and _number(holdout.get("validation")) and _number(holdout.get("test")) and (
+            holdout.validation + holdout.test > 0.9):
+        problems.append(f"data.holdout: validation + test is {holdout.validation + holdout.test:g}, expected at most "
+                        f"0.9 (the rest of the tasks train)")
     if config.get("stage") in ONLINE_STAGES and "sim" not in config:
         problems.append(f"stage: {config.stage!r} acts in an environment, and this config has none (`sim`): use "
                         f"configs/routesim.py, or stage 'offline'")

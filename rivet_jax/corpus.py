@@ -24,7 +24,8 @@ from rivet_jax import sharding
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Batch, Replay, build_replay, reference_cost
-from rivet_jax.data.schema import ModelPool, read_episodes, read_model_cards
+from rivet_jax.data.schema import Episode, ModelPool, read_episodes, read_model_cards
+from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, manifest_for
 from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
 from rivet_jax.encoders.table import host_table
 from rivet_jax.envs import collect
@@ -122,10 +123,11 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                                  max_skipped_fraction=config.data.max_skipped_fraction)
     for error in episode_file.skipped:
         logging.warning("skipped: %s", error)
+    episodes = training_episodes(config, workdir, episode_file.episodes)
     if c_ref is None:
-        c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episode_file.episodes)
+        c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episodes)
     encoder = make_encoder(config.encoder)
-    replay = build_replay(episode_file.episodes, pool, count_tokens=encoder.count_tokens,
+    replay = build_replay(episodes, pool, count_tokens=encoder.count_tokens,
                           max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
                           c_ref=c_ref)
     started = time.perf_counter()
@@ -138,11 +140,23 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
         embeddings = store.embed(replay.texts)
         how = store.stats
     logging.info("Corpus: %d episodes (%d skipped), %d transitions, %d distinct texts embedded in %.1fs (%s)",
-                 len(episode_file.episodes), len(episode_file.skipped), len(replay), len(replay.texts),
+                 len(episodes), len(episode_file.skipped), len(replay), len(replay.texts),
                  time.perf_counter() - started, how)
     data = make_train_data(replay, embeddings, pool, on_host=host_fed)
     return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
                         skipped=len(episode_file.skipped), digest=corpus_digest(episodes_path, cards_path))
+
+
+def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:
+    """The episodes to train on: all of them, or with `config.data.holdout` fractions those of the training tasks
+    of the workdir's task-level split (`data/splits.py`, `<workdir>/splits.json`)."""
+    holdout = config.data.holdout
+    if not (holdout.validation or holdout.test):
+        return episodes
+    splits = manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed)
+    logging.info("Task-level split (%s): %s tasks; training on the first", workdir / MANIFEST,
+                 " / ".join(f"{len(splits[name])} {name}" for name in SPLITS))
+    return episodes_of(episodes, splits["train"])
 
 
 def slice_text_rows(replay: Replay, rows: slice) -> np.ndarray:

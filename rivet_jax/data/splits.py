@@ -1,0 +1,74 @@
+"""Task-level train / validation / test splits of one's own logs, written to the workdir as a manifest of ids.
+
+Splitting by episode would put episodes of one task on both sides (every logging policy ran the same tasks), and a
+router that memorised a task's text would look better on "held-out" logs than it is. So whole tasks go to one split,
+drawn per `task.family` (tasks without a family form one stratum) so that a rare family is not left out of a split
+by chance, and seeded. The manifest (`<workdir>/splits.json`) fixes the split for every later run and stage of that
+workdir, and tells `launch.evaluate_logs` which episodes were held out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rivet_jax.config_checks import ConfigError
+from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.schema import Episode
+
+SPLITS = ("train", "validation", "test")
+MANIFEST = "splits.json"
+
+
+def split_tasks(episodes: Sequence[Episode], validation: float, test: float, seed: int) -> dict[str, list[str]]:
+    """{split: sorted task ids}: in each family, a seeded permutation of its tasks; the first round(test x n) go to
+    test, the next round(validation x n) to validation, the rest (at least one task) to training."""
+    if not (0 <= validation and 0 <= test and validation + test < 1):
+        raise ValueError(f"holdout fractions must be >= 0 and sum below 1, got validation {validation}, test {test}")
+    families: dict[str, set[str]] = defaultdict(set)
+    for episode in episodes:
+        families[episode.task.family or ""].add(episode.task.id)
+    out: dict[str, list[str]] = {name: [] for name in SPLITS}
+    for index, family in enumerate(sorted(families)):
+        ids = sorted(families[family])
+        order = np.random.default_rng([seed, index]).permutation(len(ids))
+        n_test = min(round(test * len(ids)), len(ids) - 1)
+        n_validation = min(round(validation * len(ids)), len(ids) - 1 - n_test)
+        shuffled = [ids[i] for i in order]
+        out["test"] += shuffled[:n_test]
+        out["validation"] += shuffled[n_test:n_test + n_validation]
+        out["train"] += shuffled[n_test + n_validation:]
+    return {name: sorted(ids) for name, ids in out.items()}
+
+
+def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], validation: float, test: float,
+                 seed: int) -> dict[str, list[str]]:
+    """The workdir's split: read from its manifest when one exists (it must be for the same fractions and seed,
+    and cover these episodes' tasks), else drawn by `split_tasks` and written there."""
+    path = Path(workdir) / MANIFEST
+    settings = {"validation": validation, "test": test, "seed": seed}
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved["settings"] != settings:
+            raise ConfigError(f"{path} was drawn with {saved['settings']}, this run asks for {settings}: use a new "
+                             f"workdir, or the settings it was drawn with")
+        known = {task for name in SPLITS for task in saved[name]}
+        new = sorted({e.task.id for e in episodes} - known)
+        if new:
+            raise ConfigError(f"{path} does not cover {len(new)} task(s) of these logs (e.g. {new[:3]}): the logs "
+                             f"changed since it was drawn; use a new workdir")
+        return {name: saved[name] for name in SPLITS}
+    splits = split_tasks(episodes, validation, test, seed)
+    atomic_write_text(path, json.dumps({"settings": settings, **splits}, indent=1) + "\n")
+    return splits
+
+
+def episodes_of(episodes: Sequence[Episode], task_ids: Sequence[str]) -> list[Episode]:
+    """The episodes whose task is one of `task_ids`, in their logged order."""
+    wanted = set(task_ids)
+    return [e for e in episodes if e.task.id in wanted]

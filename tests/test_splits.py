@@ -1,0 +1,64 @@
+"""Task-level splits of one's own logs: by hand, kept in the workdir, and what training reads."""
+
+import json
+
+import pytest
+
+from configs import default
+from rivet_jax.config_checks import ConfigError, config_problems
+from rivet_jax.corpus import prepare_data
+from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.data.splits import MANIFEST, manifest_for, split_tasks
+from rivet_jax.experiments.common import with_overrides
+
+
+def _episode(task_id: str, family: str | None, model: str = "m") -> Episode:
+    turn = Turn(model=model, response="r", feedback="", prompt_tokens=1, completion_tokens=1, cost=0.1)
+    return Episode(f"{task_id}/{model}", Task(task_id, f"prompt {task_id}", family), (turn,), 1)
+
+
+def _logs() -> list[Episode]:
+    """Family a: 10 tasks, b: 3, no family: 1; every task logged by two policies."""
+    tasks = [(f"a{i}", "a") for i in range(10)] + [(f"b{i}", "b") for i in range(3)] + [("x", None)]
+    return [_episode(t, f, m) for t, f in tasks for m in ("m1", "m2")]
+
+
+def test_split_by_hand():
+    splits = split_tasks(_logs(), validation=0.2, test=0.2, seed=0)
+    # a: round(0.2 x 10) = 2 test, 2 validation, 6 train; b: round(0.6) = 1 and 1, 1 train; the lone
+    # family-less task always trains (a split keeps at least one task of each family for training).
+    count = {name: {f: sum(t.startswith(f) for t in ids) for f in "abx"} for name, ids in splits.items()}
+    assert count == {"train": {"a": 6, "b": 1, "x": 1}, "validation": {"a": 2, "b": 1, "x": 0},
+                     "test": {"a": 2, "b": 1, "x": 0}}
+    every = [t for ids in splits.values() for t in ids]
+    assert sorted(every) == sorted({e.task.id for e in _logs()})  # each task in exactly one split
+    assert split_tasks(_logs(), 0.2, 0.2, seed=0) == splits
+    assert split_tasks(_logs(), 0.2, 0.2, seed=1) != splits
+    with pytest.raises(ValueError, match="sum below 1"):
+        split_tasks(_logs(), 0.5, 0.5, seed=0)
+
+
+def test_the_manifest_is_kept_and_guarded(tmp_path):
+    first = manifest_for(tmp_path, _logs(), 0.2, 0.2, seed=0)
+    assert json.loads((tmp_path / MANIFEST).read_text())["settings"] == {"validation": 0.2, "test": 0.2, "seed": 0}
+    assert manifest_for(tmp_path, _logs()[:6], 0.2, 0.2, seed=0) == first  # fewer logs: the same split
+    with pytest.raises(ConfigError, match="was drawn with"):
+        manifest_for(tmp_path, _logs(), 0.3, 0.2, seed=0)
+    with pytest.raises(ConfigError, match="does not cover 1 task"):
+        manifest_for(tmp_path, _logs() + [_episode("new", "a")], 0.2, 0.2, seed=0)
+
+
+def test_training_reads_only_the_training_tasks(tmp_path):
+    config = with_overrides(default.get_config("tiny"), {"data.demo": True, "data.demo_tasks": 30,
+                                                         "data.holdout.validation": 0.2, "data.holdout.test": 0.2})
+    prepared = prepare_data(config, tmp_path)
+    splits = json.loads((tmp_path / MANIFEST).read_text())
+    trained_tasks = {episode_id.split("/", 1)[1] for episode_id in prepared.replay.episode_ids}  # policy/task
+    assert splits["validation"] and splits["test"]
+    assert trained_tasks == set(splits["train"])
+
+
+def test_holdout_fractions_are_checked():
+    config = with_overrides(default.get_config(), {"data.holdout.validation": 0.6, "data.holdout.test": 0.5})
+    assert "data.holdout: validation + test is 1.1, expected at most 0.9 (the rest of the tasks train)" in (
+        config_problems(config))
