@@ -14,7 +14,8 @@ from configs import default
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = default.get_config("tiny" if arg == "tiny" else "")
     config.stage = "offline"
-    # The manifest (rivet_jax/data/mint_manifest.json) splits MINT's tasks; training reads its training tasks only.
+    # The manifest (rivet_jax/experiments/mint_manifest.json) splits MINT's tasks; training reads its training
+    # tasks only.
     config.data.holdout.validation = config.data.holdout.test = 0.0
     config.mint_dir = "../shared/mint"         # relative to the working directory, or absolute
     config.cards = ""                          # model cards; empty = <mint_dir>/model_cards.json

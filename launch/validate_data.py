@@ -37,7 +37,7 @@ def format_summary(summary: dict) -> str:
     lines = [
         f"episodes:       {summary['episodes']}",
         f"turns:          {summary['turns']}",
-        f"success rate:   {fmt(summary['success_rate'], '.1%')}",
+        f"mean outcome:   {fmt(summary['mean_outcome'], '.3f')}",  # the success rate of 0/1 outcomes
         f"mean turns:     {fmt(summary['mean_turns'], '.2f')}",
         f"total cost:     ${summary['total_cost']:.6f}",
         "turns per model:",

@@ -1,9 +1,10 @@
 """Evaluation: roll any policy over a manifest, and compare it with RouteSim's exact oracle.
 
-Metrics per policy: accuracy, total cost in dollars over the manifest (the paper's Cost column before
-normalisation), mean discounted return J (Eq. 2 at the given lambda and c_ref), mean turns, and the switch rate
-(share of episodes that call more than one model). On RouteSim the oracle, fixed models and the random router are
-computed exactly; a learned router is rolled out (`rollouts` episodes per task, deterministic given the seed).
+Metrics per policy: accuracy (the mean outcome: the success rate of 0/1 outcomes), total cost in dollars over the
+manifest (the paper's Cost column before normalisation), mean discounted return J (Eq. 2 at the given lambda and
+c_ref), mean turns, and the switch rate (share of episodes that call more than one model). On RouteSim the oracle,
+fixed models and the random router are computed exactly; a learned router is rolled out (`rollouts` episodes per
+task, deterministic given the seed).
 """
 
 from __future__ import annotations

@@ -36,3 +36,14 @@ def test_ranks_models_by_mean_training_return():
 def test_needs_a_committed_episode():
     with pytest.raises(ValueError, match="no logged episode committed to one model"):
         BestFixedRouter.fit([episode(["a", "b"], [1.0, 1.0], 1, propensity=1 / 3)], POOL, 0.5, 1.0, 1.0)
+
+
+def test_graded_outcomes_rank_by_mean_return():
+    # lam 0.5, c_ref 1, gamma 0.5. a: 0.75 - 0.5 = 0.25 and 0.25 - 0.5 = -0.25, mean 0. b: one turn of cost 0.2
+    # graded 0.4 returns 0.4 - 0.1 = 0.3; two turns of cost 0.2 graded 0.6 return -0.1 + 0.5 (-0.1 + 0.6) = 0.15;
+    # mean 0.225.
+    episodes = [episode(["a"], [1.0], 0.75), episode(["a"], [1.0], 0.25),
+                episode(["b"], [0.2], 0.4), episode(["b", "b"], [0.2, 0.2], 0.6)]
+    router = BestFixedRouter.fit(episodes, POOL, lam=0.5, gamma=0.5, c_ref=1.0)
+    assert router.returns == pytest.approx({"a": 0.0, "b": 0.225})
+    assert router.ranking == ["b", "a"]

@@ -50,11 +50,12 @@ def group_tasks():
             for group, (template, _) in GROUPS.items() for i, word in enumerate(TRAIN_WORDS)]
 
 
-def fixed_episodes():
-    """One two-turn episode per task and model, every turn by that model (a fixed-model policy)."""
+def fixed_episodes(outcomes_of=None):
+    """One two-turn episode per task and model, every turn by that model (a fixed-model policy); outcomes per group
+    and model from `outcomes_of` (default GROUPS')."""
     episodes = []
     for group, task in group_tasks():
-        outcomes = GROUPS[group][1]
+        outcomes = (outcomes_of or {g: y for g, (_, y) in GROUPS.items()})[group]
         for model in MODELS:
             episodes.append(make_episode(f"fixed:{model}/{task.id}", task, [model, model], outcomes[model],
                                          COST[model], 1.0))
@@ -123,6 +124,26 @@ def test_table_averages_single_model_episodes_and_ignores_the_random_router():
     assert table.task_ids[-1] == "extra"
     np.testing.assert_array_equal(table.count[-1], [2, 0, 0])
     assert table.success[-1, 0] == 0.5 and table.cost[-1, 0] == 3.0 and np.isnan(table.success[-1, 1:]).all()
+
+
+def test_graded_outcomes_are_averaged_and_ranked_by_utility():
+    """Graded outcomes in [0, 1] enter the table and the utility as they are. On maths (alpha 0.75, beta 0.25,
+    gamma 0.5 at LAM 0.1, C_REF 1) the utilities are 0.75 - 0.4 = 0.35, 0.25 - 0.4 = -0.15, 0.5 - 0.01 = 0.49:
+    the cheap half-right gamma beats the dear mostly-right alpha; kNN and the cluster router take the
+    neighbourhood's means, every neighbour of the maths query being a maths task."""
+    graded = {"math": {"alpha": 0.75, "beta": 0.25, "gamma": 0.5}, "geo": {"alpha": 0.1, "beta": 0.9, "gamma": 0.0},
+              "poem": {"alpha": 1, "beta": 0, "gamma": 0.3}}
+    pool = make_pool()
+    episodes = fixed_episodes(graded)
+    task = Task(id="math-0", prompt=GROUPS["math"][0].format("red"))
+    repeat = make_episode("again", task, ["alpha"], 0.25, COST["alpha"], 1.0)  # the cell's mean: (0.75 + 0.25) / 2
+    table = st.build_task_model_table(episodes + [repeat], pool)
+    np.testing.assert_allclose(table.success[table.task_ids.index("math-0")], [0.5, 0.25, 0.5])
+    expected = [0.75 - LAM * COST["alpha"], 0.25 - LAM * COST["beta"], 0.5 - LAM * COST["gamma"]]
+    for name in ("knn", "cluster"):
+        router = ROUTERS[name].fit(episodes, pool, make_store(), LAM, C_REF, **FIT_KWARGS[name])
+        np.testing.assert_allclose(router.scores([QUERIES["math"]])[0], expected, err_msg=name)
+        assert router.act(query_task("math"), (), MODELS, None) == ("gamma", 1.0)
 
 
 def test_table_errors_name_the_problem():

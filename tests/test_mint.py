@@ -1,4 +1,4 @@
-"""Tests for rivet_jax.data.mint: MINT logs -> episodes, and the MINT manifest.
+"""Tests for rivet_jax.data.converters.mint: MINT logs -> episodes, and the MINT manifest (experiments.mint_manifest).
 
 Hand-checked numbers come from small MINT-shaped directories written here with a whitespace token counter; the
 full conversion reads the real logs from ../shared/mint (skipped with a reason when absent), records of which are
@@ -15,17 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from rivet_jax.data.mint import (
-    TABLE4_TEST_COUNTS,
-    UPSTREAM_RUN,
-    convert_mint,
-    load_manifest,
-    make_manifest,
-    read_mint_tasks,
-    split_tasks,
-)
-from rivet_jax.data.mint_tokens import apportion as _apportion
+from rivet_jax.data.converters.mint import UPSTREAM_RUN, convert_mint, read_mint_tasks
+from rivet_jax.data.converters.mint_tokens import apportion as _apportion
 from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_episodes, read_model_cards, write_episodes
+from rivet_jax.experiments.mint_manifest import TABLE4_TEST_COUNTS, load_manifest, make_manifest, split_tasks
 
 SHARED_MINT = Path(__file__).resolve().parents[2] / "shared" / "mint"
 MODELS = ("gpt-4-0613", "gpt-3.5-turbo-0613", "claude-2", "claude-instant-1", "Llama-2-70b-chat-hf",

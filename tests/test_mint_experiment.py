@@ -81,18 +81,21 @@ def test_tiny_mint_experiment(tmp_path):
 
 
 class _Data:
-    """A two-task logged table: the oracle takes the cheapest success, else the cheapest model."""
+    """A three-task logged table: the oracle takes the cheapest success, else the cheapest model; on graded
+    outcomes (t3) the cheapest of the best."""
 
     class pool:
         names = ("a", "b", "c")
 
     table = {("t1", "a"): (1, 3.0), ("t1", "b"): (1, 1.0), ("t1", "c"): (0, 0.5),
-             ("t2", "a"): (0, 3.0), ("t2", "b"): (0, 1.0), ("t2", "c"): (0, 0.5)}
+             ("t2", "a"): (0, 3.0), ("t2", "b"): (0, 1.0), ("t2", "c"): (0, 0.5),
+             ("t3", "a"): (0.75, 3.0), ("t3", "b"): (0.5, 1.0), ("t3", "c"): (0.75, 2.0)}
 
 
 def test_oracle_choice_by_hand():
     assert oracle_choice(_Data, "t1") == "b"
     assert oracle_choice(_Data, "t2") == "c"
+    assert oracle_choice(_Data, "t3") == "c"  # a and c share the best outcome 0.75; c is cheaper
 
 
 def test_recentred_by_hand():

@@ -32,6 +32,16 @@ def test_committed_notebook_has_no_outputs(name):
         assert cell.get("execution_count") is None, f"{name}: code cell {i} has an execution count; strip it"
 
 
+def test_every_notebook_opens_with_the_same_set_up_cell():
+    """One set-up cell, copied into each notebook: a clone is used as it is; elsewhere (Colab) the project is
+    fetched (an uploaded sdist or RIVET_REPO_URL) and pip-installed."""
+    first = {next(cell.source for cell in nbformat.read(NOTEBOOKS / name, as_version=4).cells
+                  if cell.cell_type == "code") for name in NAMES}
+    assert len(first) == 1
+    (source,) = first
+    assert "RIVET_REPO_URL" in source and "rivet_jax-*.tar.gz" in source and '"pip", "install"' in source
+
+
 @pytest.fixture
 def venv_kernel(tmp_path, monkeypatch):
     """A `python3` kernel spec for this interpreter, visible only to this test."""

@@ -54,7 +54,7 @@ def make_pool() -> ModelPool:
     )
 
 
-def make_episode(i: int, *, outcome: int = 1) -> Episode:
+def make_episode(i: int, *, outcome: float = 1) -> Episode:
     return Episode(
         episode_id=f"ep-{i}",
         task=Task(id=f"task-{i}", prompt=f"What is {i}+{i}?", family="arith" if i % 2 else None),
@@ -171,10 +171,15 @@ BAD_LINE_CASES = [
     ("available_repeated", setter("turns.0.available", ["m-small", "m-small"]), "turns[0].available[1]", "listed twice"),
     ("model_not_available", setter("turns.0.available", ["m-medium", "m-large"]), "turns[0].available", "does not contain the turn's model 'm-small'"),
     ("empty_turns", setter("turns", []), "turns", "empty"),
-    ("outcome_two", setter("outcome", 2), "outcome", "0 or 1, got 2"),
-    ("outcome_bool", setter("outcome", True), "outcome", "got bool"),
-    ("outcome_float", setter("outcome", 1.0), "outcome", "got float"),
+    ("outcome_two", setter("outcome", 2), "outcome", "in [0, 1], got 2"),
+    ("outcome_above_one", setter("outcome", 1.5), "outcome", "in [0, 1], got 1.5"),
+    ("outcome_negative", setter("outcome", -0.25), "outcome", "in [0, 1], got -0.25"),
+    ("outcome_bool", setter("outcome", True), "outcome", "expected a number in [0, 1], got bool"),
+    ("outcome_false", setter("outcome", False), "outcome", "expected a number in [0, 1], got bool"),
+    ("outcome_nan", setter("outcome", math.nan), "outcome", "finite"),
+    ("outcome_inf", setter("outcome", math.inf), "outcome", "finite"),
     ("outcome_str", setter("outcome", "1"), "outcome", "got str"),
+    ("outcome_null", setter("outcome", None), "outcome", "got null"),
     ("turn_after_terminal", setter("turns.0.done", True), "turns[1]", "turn after the terminal turn turns[0]"),
     ("propensity_zero", setter("turns.0.propensity", 0.0), "turns[0].propensity", "(0, 1]"),
     ("propensity_above_one", setter("turns.0.propensity", 1.5), "turns[0].propensity", "(0, 1]"),
@@ -276,6 +281,18 @@ def test_round_trip_gives_equal_episodes(good_file, pool):
     assert read_episodes(good_file, pool).episodes == expected
 
 
+def test_graded_outcomes_round_trip_as_written(tmp_path, pool):
+    path = tmp_path / "graded.jsonl"
+    write_episodes(path, [make_episode(1, outcome=0), make_episode(2, outcome=1), make_episode(3, outcome=0.25)])
+    written = [json.loads(line)["outcome"] for line in path.read_text(encoding="utf-8").splitlines()]
+    assert [(y, type(y)) for y in written] == [(0, int), (1, int), (0.25, float)]  # an int stays an int
+    read = read_episodes(path, pool).episodes
+    assert [(e.outcome, type(e.outcome)) for e in read] == [(0, int), (1, int), (0.25, float)]
+    assert summarize_episodes(EpisodeFile(read, []), pool)["mean_outcome"] == pytest.approx(1.25 / 3)
+    corrupt_line(path, 2, setter("outcome", 1.0))  # a float at either end is as valid as the int
+    assert read_episodes(path, pool).episodes[1].outcome == 1.0
+
+
 def test_round_trip_normalises_last_turn_done_and_minimal_optionals(tmp_path, pool):
     bare = Episode(
         "bare", Task("t", "p"),
@@ -317,7 +334,7 @@ def test_episode_from_json_in_memory(pool):
     record["outcome"] = 3
     with pytest.raises(DataError) as info:
         Episode.from_json(record, pool)
-    assert str(info.value) == "<memory>: field 'outcome': must be the integer 0 or 1, got 3"
+    assert str(info.value) == "<memory>: field 'outcome': must be a number in [0, 1], got 3"
 
 
 # --------------------------------------------------------------- model cards / pool
@@ -417,13 +434,13 @@ def test_read_real_model_cards():
 def test_summarize_episodes(good_file, pool):
     summary = summarize_episodes(read_episodes(good_file, pool), pool)
     assert summary["episodes"] == 3 and summary["turns"] == 6
-    assert summary["success_rate"] == pytest.approx(2 / 3)
+    assert summary["mean_outcome"] == pytest.approx(2 / 3)  # outcomes 1, 0, 1
     assert summary["mean_turns"] == 2.0
     assert summary["total_cost"] == pytest.approx(3 * (0.00031 + 0.0126))
     assert summary["turns_per_model"] == {"m-small": 3, "m-medium": 0, "m-large": 3}
     assert summary["skipped"] == 0
     empty = summarize_episodes(EpisodeFile([], []), pool)
-    assert empty["success_rate"] is None and empty["total_cost"] == 0.0
+    assert empty["mean_outcome"] is None and empty["total_cost"] == 0.0
 
 
 def run_launcher(*args: str) -> subprocess.CompletedProcess:
@@ -440,6 +457,7 @@ def test_launcher_exit_codes(tmp_path, good_file, pool):
     ok = run_launcher(f"--episodes={good_file}", f"--cards={cards}")
     assert ok.returncode == 0, ok.stderr
     assert "episodes:       10" in ok.stdout and "m-large" in ok.stdout
+    assert "mean outcome:   0.500" in ok.stdout  # outcomes i % 2 for i = 1..10
 
     corrupt_line(good_file, 2, setter("turns.0.cost", -1))
     bad = run_launcher(f"--episodes={good_file}", f"--cards={cards}")

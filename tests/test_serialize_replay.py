@@ -86,6 +86,19 @@ def test_build_replay_rewards_returns_and_indices():
     assert [replay.texts[i] for i in replay.card_text] == [c.description for c in pool.cards]
 
 
+def test_graded_outcome_is_paid_on_the_last_turn():
+    """Eq. 1 with y = 0.25: costs 0.1, 0.3, 0.2, c_ref 0.2, lambda 0.5 -> r = [-0.25, -0.75, -0.5 + 0.25];
+    gamma 0.5: G_3 = -0.25, G_2 = -0.75 + 0.5 (-0.25) = -0.875, G_1 = -0.25 + 0.5 (-0.875) = -0.6875."""
+    pool = ModelPool((ModelCard(name="m-a", description="model a"),))
+    costs = (0.1, 0.3, 0.2)
+    turns = tuple(Turn("m-a", f"r{i}", f"f{i}", 1, 1, cost) for i, cost in enumerate(costs))
+    replay = build_replay([Episode("e", Task("t", "p"), turns, 0.25)], pool, count_tokens=words, max_tokens=100,
+                          lam=0.5, gamma=0.5, c_ref=0.2)
+    np.testing.assert_allclose(replay.reward, [-0.25, -0.75, -0.25], rtol=1e-6)
+    np.testing.assert_allclose(replay.mc_return, [-0.6875, -0.875, -0.25], rtol=1e-6)
+    np.testing.assert_array_equal(replay.done, [0, 0, 1])
+
+
 def test_availability_masks():
     pool = ModelPool(tuple(ModelCard(name=name, description=f"model {name}")
                            for name in ("atlas-xl", "coder-m", "sage-s", "flash-xs")))

@@ -78,8 +78,9 @@ class ContrastiveRouter(SingleTurnRouter):
     temperature. A training task's positives are the observed models whose utility (success - lam * cost / c_ref)
     is within `margin` of its best, its negatives the other observed models; routing takes the argmax of cosine
     similarity over the available models (`scores` returns the similarities). `margin` is in utility units: the
-    default 0.2 never ties a success with a failure, but at lam = 0.05 treats two successes whose episode costs
-    differ by less than 4 c_ref as equally good; more positives per task overfit less than one noisy argmax.
+    default 0.2 never ties a success with a failure (graded outcomes closer than 0.2 may tie), but at lam = 0.05
+    treats two successes whose episode costs differ by less than 4 c_ref as equally good; more positives per task
+    overfit less than one noisy argmax.
     Defaults (and the short schedule, which is the regulariser) picked on RouteSim's validation split.
 
     Simplified from RouterDC: the frozen encoder is not fine-tuned (only the MLP on top is trained); positives

@@ -43,7 +43,10 @@ class FactorizationNet(nn.Module):
 
 
 def _factorization_loss(params, net: FactorizationNet, data: dict) -> jax.Array:
-    """Binary cross-entropy of the success head plus squared error of the cost head, over the observed cells."""
+    """Binary cross-entropy of the success head plus squared error of the cost head, over the observed cells.
+
+    The success targets are mean outcomes in [0, 1], already soft where a cell holds several episodes or graded
+    outcomes; the cross-entropy is minimal where sigmoid(logit) equals the target, so no thresholding is needed."""
     logits, log_cost = net.apply({"params": params}, data["h"])                    # (N, M) each
     bce = optax.sigmoid_binary_cross_entropy(logits, data["success"])
     squared = (log_cost - data["log_cost"]) ** 2

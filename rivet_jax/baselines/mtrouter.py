@@ -1,7 +1,7 @@
 """MTRouter-style baseline (Sec. 2, 5.1): a per-turn router from supervised outcome and cost estimators.
 
     z(s, m)          = a(h_t, g(e_m, x_m, mask))         RIVET's card projector + state adapter, own parameters
-    score_hat(s, m)  = sigmoid(f_score(z(s, m)))         P(the episode succeeds | call m now), BCE on the outcome y
+    score_hat(s, m)  = sigmoid(f_score(z(s, m)))         E[outcome y | call m now], BCE on y (soft if graded)
     cost_hat(s, m)   = f_cost(z(s, m))                   cost from this turn to the end / mean episode cost, MSE
     Q(s, m)          = score_hat(s, m) - lambda cost_hat(s, m) x mean episode cost / c_ref
     route            = argmax_{m available} Q(s, m), at every turn
@@ -98,7 +98,7 @@ class FitData:
     card_mask: jax.Array   # (M, F) float32
     state: jax.Array       # (N,) int32 row of s_t
     action: jax.Array      # (N,) int32 the logged model
-    outcome: jax.Array     # (N,) float32 the episode's final 0/1 outcome
+    outcome: jax.Array     # (N,) float32 the episode's final outcome in [0, 1]: BCE's (soft) target
     cost_to_go: jax.Array  # (N,) float32 remaining cost / mean episode cost
 
     @property

@@ -4,7 +4,7 @@
 passes vs prefix reuse, and times both encode paths with the tiny fixture model on a subsample. Pure library code:
 no flags, returns a JSON-ready dict (`benchmark.run_benchmark` adds it to its result).
 
-It lives here, not beside the encoder, because it reads the MINT corpus (`rivet_jax.data.mint`) and drives a whole
+It lives here, not beside the encoder, because it reads the MINT corpus (`data.converters.mint`) and drives a whole
 `Qwen3Encoder`: the encoders package stays below the data pipeline and the benchmarks.
 """
 
@@ -193,7 +193,7 @@ def prefix_reuse_report(
 ) -> dict:
     """What prefix reuse saves when encoding MINT's serialized states; a JSON-ready dict.
 
-    Every MINT episode (`data.mint.convert_mint`) is serialized into its states with a `max_tokens` budget (counted
+    Every MINT episode (`convert_mint`) is serialized into its states with a `max_tokens` budget (counted
     with the WordPiece tokenizer, as the conversion counts tokens), and the distinct state texts are tokenized with
     two stand-ins for Qwen3's tokenizer, which is not on this machine (`tokenizers` says what each gets right and
     wrong). `corpus` compares, per stand-in, one pass per distinct text with prefix-reuse rows (strict token
@@ -205,7 +205,7 @@ def prefix_reuse_report(
     """
     from transformers import AutoTokenizer
 
-    from rivet_jax.data.mint import convert_mint, default_token_counter
+    from rivet_jax.data.converters.mint import convert_mint, default_token_counter
     from rivet_jax.data.schema import read_model_cards
 
     mint_dir = Path(mint_dir)

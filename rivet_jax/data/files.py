@@ -1,6 +1,6 @@
 """Opening, reading line by line and atomically writing the data files, with failures as `DataError`s.
 
-Shared by the episode and model-card readers/writers and the MINT converter, so that a missing file, a
+Shared by the episode and model-card readers/writers and the converters, so that a missing file, a
 non-UTF-8 line or a half-written output is reported (or avoided) the same way everywhere.
 """
 

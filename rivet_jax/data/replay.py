@@ -80,8 +80,9 @@ def reference_cost(episodes: Sequence[Episode]) -> float:
     return c_ref
 
 
-def turn_rewards(costs: np.ndarray, outcome: int, lam: float, c_ref: float) -> np.ndarray:
-    """Eq. 1 for one episode: r_t = -lambda c_t / c_ref + d_t y, the success paid on the terminal (last) turn."""
+def turn_rewards(costs: np.ndarray, outcome: float, lam: float, c_ref: float) -> np.ndarray:
+    """Eq. 1 for one episode: r_t = -lambda c_t / c_ref + d_t y, the outcome y in [0, 1] (0/1 success or a graded
+    score) paid on the terminal (last) turn."""
     rewards = -lam * np.asarray(costs, np.float64) / c_ref
     rewards[-1] += outcome
     return rewards

@@ -19,6 +19,7 @@ Episodes (`read_episodes` / `write_episodes`) are JSONL, one episode per line:
  "outcome": 1}
 ```
 
+`outcome` is a number in [0, 1] (`outcomes.check_outcome`): 0 or 1 for task success, or a graded score.
 `family`, `propensity`, `available`, `done` are optional. Blank lines are skipped (not
 errors); a line ends at LF, CR LF or a lone CR. Unknown and repeated keys in an episode record are
 rejected, because in a schema a typo'd key would otherwise be read as "field absent" and of a
@@ -37,9 +38,10 @@ from typing import Any
 
 from rivet_jax.data.files import PathLike, atomic_write_text, decode_line, numbered_lines
 from rivet_jax.data.model_pool import ModelCard, ModelPool, read_model_cards, write_model_cards
+from rivet_jax.data.outcomes import check_outcome
 from rivet_jax.data.validation import (
     MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, parse_json, reject_unknown_keys,
-    require_field, require_object, shown, wrong_type,
+    require_field, require_object, wrong_type,
 )
 
 __all__ = [
@@ -117,12 +119,12 @@ _TURN_KEYS = (
 
 @dataclasses.dataclass(frozen=True)
 class Episode:
-    """One logged multi-turn trajectory on one task, with its final 0/1 outcome."""
+    """One logged multi-turn trajectory on one task, with its final outcome."""
 
     episode_id: str
     task: Task
     turns: tuple[Turn, ...]  # non-empty
-    outcome: int  # 0 or 1 (final task success)
+    outcome: float  # in [0, 1]: y of Eq. 1, task success (0 or 1, kept an int when read as one) or a graded score
 
     def __post_init__(self):
         # The last turn ends the episode by definition; normalising here keeps
@@ -152,11 +154,7 @@ class Episode:
         episode_id = as_str(require_field(obj, "episode_id", where, ""), where, "episode_id", non_empty=True)
         task = _task_from_json(require_field(obj, "task", where, ""), where)
         turns = _turns_from_json(require_field(obj, "turns", where, ""), pool, where)
-        outcome = require_field(obj, "outcome", where, "")
-        if isinstance(outcome, bool) or not isinstance(outcome, int):
-            raise wrong_type(where, "outcome", "the integer 0 or 1", outcome)
-        if outcome not in (0, 1):
-            raise where.error("outcome", f"must be the integer 0 or 1, got {shown(outcome)}")
+        outcome = check_outcome(require_field(obj, "outcome", where, ""), where)
         return cls(episode_id=episode_id, task=task, turns=turns, outcome=outcome)
 
 
@@ -322,7 +320,8 @@ def summarize_episodes(ep_file: EpisodeFile, pool: ModelPool) -> dict:
     return {
         "episodes": len(episodes),
         "turns": n_turns,
-        "success_rate": sum(ep.outcome for ep in episodes) / len(episodes) if episodes else None,
+        # The success rate on 0/1 outcomes; fsum: graded outcomes are floats
+        "mean_outcome": math.fsum(ep.outcome for ep in episodes) / len(episodes) if episodes else None,
         "mean_turns": n_turns / len(episodes) if episodes else None,
         "total_cost": math.fsum(t.cost for ep in episodes for t in ep.turns),
         "turns_per_model": turns_per_model,

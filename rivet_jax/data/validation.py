@@ -1,11 +1,11 @@
 """The error type and field checkers shared by this package's strict readers.
 
-Every reader of logged data (episodes and model cards in `schema` / `model_pool`, MINT's logs in `mint`) reports a
-malformed record as a `DataError` naming the file, the 1-based line and the field, so a typo'd key or a cost stored
-as a string is caught where it is rather than quietly biasing what is trained on it. The checkers here take the
-value, a `Where` (file and line) and the field's dotted name, and either return the value typed or raise.
-`parse_json` turns text into a JSON value, reporting everything json.loads would raise, or silently accept
-(a repeated key, half a surrogate pair), as a DataError too.
+Every reader of logged data (episodes and model cards in `schema` / `model_pool`, other formats in `converters/`)
+reports a malformed record as a `DataError` naming the file, the 1-based line and the field, so a typo'd key or a
+cost stored as a string is caught where it is rather than quietly biasing what is trained on it. The checkers here
+take the value, a `Where` (file and line) and the field's dotted name, and either return the value typed or raise.
+`parse_json` turns text into a JSON value, reporting everything json.loads would raise, or silently accept (a
+repeated key, half a surrogate pair), as a DataError too.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ logged facts. Three experiments:
 
   committed_routing   each router picks a model from the first state (the task alone); that model's logged episode
                       gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
-                      cheapest model that succeeded; if none did, the cheapest model), kNN, the MTRouter-style
+                      cheapest of the models with the task's best outcome), kNN, the MTRouter-style
                       estimator, RIVET (its TD router's first choice), RIVET's committed value (the same runs' MC
                       stage), RIVET's validated commitment (below) and its ablations; cost relative to the reference
                       model (gpt-4-0613). See NOTES for what this protocol can and cannot show.
@@ -36,13 +36,14 @@ from matplotlib.figure import Figure
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
-from rivet_jax.data.mint import convert_mint, load_manifest
+from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.replay import episode_rows, reference_cost
 from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
+from rivet_jax.experiments.mint_manifest import load_manifest
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
                                           write_outputs)
 from rivet_jax.router import Router
@@ -144,10 +145,11 @@ def _expected(data: MintData, reference: float, lam: float, gamma: float) -> dic
 
 
 def oracle_choice(data: MintData, task_id: str) -> str:
-    """The cheapest model that succeeded on the task; if none did, the cheapest model."""
-    costs = {m: data.table[(task_id, m)] for m in data.pool.names}
-    solved = [m for m, (y, _) in costs.items() if y == 1] or list(costs)
-    return min(solved, key=lambda m: costs[m][1])
+    """The cheapest of the models with the task's best outcome: on 0/1 outcomes the cheapest model that succeeded,
+    and if none did, the cheapest model."""
+    logged = {m: data.table[(task_id, m)] for m in data.pool.names}
+    best = max(y for y, _ in logged.values())
+    return min((m for m, (y, _) in logged.items() if y == best), key=lambda m: logged[m][1])
 
 
 def _first_state_scores(router: Router, data: MintData, store: EmbeddingStore, split: str) -> np.ndarray:

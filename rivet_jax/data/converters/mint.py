@@ -1,4 +1,4 @@
-"""MINT's logged trajectories -> this project's episodes, and the fixed MINT task manifest.
+"""MINT's logged trajectories -> this project's episodes.
 
 MINT (Wang et al., 2024) logged six models, each acting alone on the 316 tasks of its reasoning subset (gsm8k,
 hotpotqa, math, mmlu, theoremqa) with a Python tool, at most 5 actions and 2 solution proposals. `convert_mint`
@@ -20,11 +20,12 @@ turns every (model, task) log into one `Episode` of `rivet_jax.data.schema`:
 - cost = price_in_per_mtok * prompt_tokens / 1e6 + price_out_per_mtok * completion_tokens / 1e6.
 
 Both directory layouts are read (this project's `../shared/mint` copy and upstream mint-bench's `data/`; see
-`rivet_jax.data.mint_tasks`). Malformed input raises `DataError(path, line, field, why)` like the schema readers.
+`mint_tasks`). Malformed input raises `DataError(path, line, field, why)` like the schema readers.
 
-The fixed 140 / 35 / 141 task manifest is `rivet_jax.data.mint_manifest` and token counting is
-`rivet_jax.data.mint_tokens`; their public names are re-exported here, so `rivet_jax.data.mint` stays the one
-import for MINT.
+Task files and layouts are `rivet_jax.data.converters.mint_tasks` and token counting is
+`rivet_jax.data.converters.mint_tokens`; their public names are re-exported here, so this module stays the one
+import for converting MINT. The fixed 140 / 35 / 141 task manifest belongs to the experiment
+(`rivet_jax.experiments.mint_manifest`): it splits MINT's tasks for the paper's tables, which converting does not need.
 """
 
 from __future__ import annotations
@@ -36,15 +37,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rivet_jax.data.mint_manifest import (
-    MANIFEST_FILE, MANIFEST_SEED, MINT_SUBSETS, N_VALIDATION, SPLITS, TABLE4_TEST_COUNTS, load_manifest, make_manifest,
-    split_tasks, write_manifest,
+from rivet_jax.data.converters.common import read_jsonl
+from rivet_jax.data.converters.mint_tasks import (
+    UPSTREAM_RUN, MintLayout, detect_layout, model_dirs, parse_task_id, read_mint_tasks, read_task_file, result_subsets,
 )
-from rivet_jax.data.mint_tasks import (
-    UPSTREAM_RUN, MintLayout, detect_layout, model_dirs, parse_task_id, read_jsonl, read_mint_tasks, read_task_file,
-    result_subsets,
+from rivet_jax.data.converters.mint_tokens import (
+    TokenCounter, WordPieceCounter, apportion, count_all, default_token_counter,
 )
-from rivet_jax.data.mint_tokens import TokenCounter, WordPieceCounter, apportion, count_all, default_token_counter
 from rivet_jax.data.model_pool import ModelPool
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax.data.validation import DataError, Where, require_field
@@ -52,10 +51,9 @@ from rivet_jax.data.validation import DataError, Where, require_field
 __all__ = [
     # The converter's own names.
     "MintCorpus", "convert_mint",
-    # Re-exported, so that `rivet_jax.data.mint` stays the one import for MINT.
-    "MINT_SUBSETS", "TABLE4_TEST_COUNTS", "N_VALIDATION", "MANIFEST_SEED", "MANIFEST_FILE", "SPLITS", "make_manifest",
-    "write_manifest", "load_manifest", "split_tasks", "UPSTREAM_RUN", "detect_layout", "read_mint_tasks",
-    "TokenCounter", "WordPieceCounter", "default_token_counter", "apportion",
+    # Re-exported, so that this module stays the one import for converting MINT.
+    "UPSTREAM_RUN", "detect_layout", "read_mint_tasks", "TokenCounter", "WordPieceCounter", "default_token_counter",
+    "apportion",
 ]
 
 

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rivet_jax.data.files import decode_line, numbered_lines
+from rivet_jax.data.converters.common import read_jsonl
 from rivet_jax.data.schema import Task
-from rivet_jax.data.validation import DataError, Where, parse_json
+from rivet_jax.data.validation import DataError, Where
 
 __all__ = [
     "UPSTREAM_RUN",
     "MintLayout",
     "detect_layout",
-    "read_jsonl",
     "parse_task_id",
     "read_task_file",
     "model_dirs",
@@ -75,14 +74,6 @@ def detect_layout(mint_dir: str | os.PathLike) -> tuple[str, Path]:
     if not (root / "outputs").is_dir():
         raise DataError(str(root / "outputs"), None, "<file>", "directory does not exist")
     return name, root
-
-
-def read_jsonl(path: Path) -> Iterator[tuple[Where, Any]]:
-    """(where, parsed object) per non-blank line; DataError for unreadable files and invalid JSON."""
-    for where, raw in numbered_lines(str(path)):
-        text = decode_line(raw, where)
-        if text.strip():
-            yield where, parse_json(text, where)
 
 
 def parse_task_id(value: Any, where: Where, field: str) -> str:

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rivet_jax.data.mint_tasks import read_mint_tasks
-from rivet_jax.data.mint_tokens import apportion
+from rivet_jax.data.converters.mint_tasks import read_mint_tasks
+from rivet_jax.data.converters.mint_tokens import apportion
 from rivet_jax.data.schema import Episode
 
 __all__ = [
