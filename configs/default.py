@@ -104,6 +104,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.online.eval_rollouts = 8
     config.online.eval_seed = 0
 
+    # launch.calibrate: a router per lambda, each one's success and cost per episode on the validation tasks (rolled
+    # out in RouteSim, or estimated off-policy on held-out logs), the most successful within a budget per episode.
+    config.calibrate = ml_collections.ConfigDict()
+    config.calibrate.lambdas = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+    config.calibrate.stage = "offline"
+    config.calibrate.split = "validation"  # RouteSim: the tasks rolled out on (one's own logs: the held-out split)
+    config.calibrate.rollouts = 8          # RouteSim: rollouts per validation task
+    config.calibrate.resamples = 200       # bootstrap resamples of every 95% interval (own logs: an FQE refit each)
+    config.calibrate.seed = 3
+
     if arg == "tiny":
         config.data.demo_tasks = 9  # 63 episodes
         config.data.holdout.validation = config.data.holdout.test = 0.0
@@ -122,6 +132,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.online.max_passes = 2
         config.online.curve_points = (0, 4, 8)
         config.online.eval_rollouts = 1
+        config.calibrate.lambdas = (0.0, 2.0)
+        config.calibrate.rollouts = 1
+        config.calibrate.resamples = 200
     elif arg:
         raise ValueError(f"unknown config variant {arg!r}; known: '' (paper settings), 'tiny'")
     return config

@@ -76,6 +76,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.reproduce.ood_splits = ("ood:musique", "ood:drop", "ood:mmlu_pro")
     config.reproduce.frontier_lambdas = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
+    # launch.evaluate_logs --validate_routesim: off-policy estimates against the truth
+    # (rivet_jax/experiments/ope_validation.py), on the training corpus and on held-out logs
+    config.ope = ml_collections.ConfigDict()
+    config.ope.heldout_split = "test"  # the same seven loggers on these tasks: logs the router never saw
+    config.ope.heldout_seed = 1
+    config.ope.rollouts = 8            # per task, for the learned router's truth
+    config.ope.rollout_seed = 7
+    config.ope.resamples = 200         # bootstrap resamples of every 95% interval (FQE refitted on each)
+    config.ope.seed = 0                # of the bootstrap and of FQE's cross-validation folds
+
     config.baselines = ml_collections.ConfigDict()
     config.baselines.mtrouter_epochs = 20
     config.baselines.knn_k = 10
@@ -99,4 +109,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.select.alphas = (0.1,)
         config.select.cql_on = ("all",)
         config.select.rollouts = 2
+        config.ope.rollouts = 2
+        config.ope.resamples = 50
     return config

@@ -80,6 +80,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "online.patience": (_at_least(1), "an integer >= 1"),
     "online.max_passes": (_at_least(1), "an integer >= 1"),
     "online.eval_rollouts": (_at_least(1), "an integer >= 1"),
+    "calibrate.lambdas": (lambda v: isinstance(v, (tuple, list)) and len(v) > 0 and all(_in(0.0, MAX_WEIGHT)(x)
+                                                                                     for x in v),
+                          f"a non-empty list of lambdas in [0, {MAX_WEIGHT:g}]"),
+    "calibrate.stage": (lambda v: v in STAGES, f"one of {', '.join(STAGES)}"),
+    "calibrate.rollouts": (_at_least(1), "an integer >= 1"),
+    "calibrate.resamples": (_at_least(1), "an integer >= 1"),
 }
 
 

@@ -359,3 +359,21 @@ def test_launcher_converts_and_reports_bad_input_in_one_line(tmp_path):
     assert failed.returncode == 1
     assert failed.stderr.strip().splitlines() == [f"error: {bad}:2: field 'messages[2].model': missing required field"]
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_the_readme_worked_example_converts_as_the_readme_says(tmp_path):
+    """README, 'Your own agent', step 1: its OpenAI log line becomes the episode the text describes."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Your own agent"):]
+    block = section[section.index("```json") + len("```json"):]
+    record = json.loads(block[:block.index("```")])
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    pool = ModelPool((ModelCard("sage-s", "Small.", price_in_per_mtok=0.5, price_out_per_mtok=1.5),
+                      ModelCard("coder-m", "Coder.", price_in_per_mtok=3.0, price_out_per_mtok=15.0)))
+    (episode,) = convert_openai_chat(path, pool)
+    assert episode.task.prompt == "What is 48 + 24?" and episode.outcome == 1
+    first, second = episode.turns
+    assert (first.model, first.feedback) == ("sage-s", "[user] Observation: 72")
+    assert first.cost == pytest.approx((0.5 * 31 + 1.5 * 12) / 1e6)  # from the card's prices
+    assert (second.model, second.cost) == ("coder-m", 0.00021)       # as logged

@@ -1,0 +1,203 @@
+"""A budget: the lambda whose router is most successful within a cost per episode (`python -m launch.calibrate`).
+
+    routers trained (or reused) at every lambda of `config.calibrate.lambdas`, as one run group
+      -> each router's success and cost per episode on the validation tasks, with 95% intervals
+         RouteSim (a config with `sim`): measured, by rolling the router out in the simulator (exact environment);
+         one's own logs: estimated off-policy on the held-out validation tasks by fitted-Q evaluation
+         (`rivet_jax.ope`; on RouteSim's held-out logs FQE's intervals covered all 9 policies' exact values with a
+         mean error of 0.022 in J, while DR, with the few stochastic episodes such logs hold, was off by up to 1)
+      -> the feasible lambdas: the interval's *upper* end of the cost within the budget, so the choice keeps to the
+         budget unless the estimate is off by more than its own uncertainty
+      -> the most successful feasible lambda (ties: the cheaper); none feasible: the cheapest, flagged
+      -> calibration.md / calibration.json / calibration.png (success vs cost per episode, intervals, the budget)
+
+The test tasks are not looked at to choose. On RouteSim the chosen router is then rolled out on the test tasks, and
+that measured cost is reported next to the budget: the check of the choice, not an input to it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+from absl import logging
+from matplotlib.figure import Figure
+
+from rivet_jax import evaluation, ope
+from rivet_jax.config_checks import ConfigError
+from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
+from rivet_jax.data.splits import MANIFEST, episodes_of
+from rivet_jax.encoders import make_encoder
+from rivet_jax.envs.base import RouterPolicy
+from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.experiments import routesim
+from rivet_jax.experiments.common import train_variants
+from rivet_jax.experiments.report import save_figure
+from rivet_jax.router import Router
+
+
+def bootstrap_mean(per_task: np.ndarray, resamples: int, seed: int, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of per-task values (T,) and its percentile-bootstrap interval over tasks (rollouts of one task are
+    correlated, so tasks, not episodes, are the independent draws)."""
+    draws = np.random.default_rng(seed).integers(len(per_task), size=(resamples, len(per_task)))
+    means = per_task[draws].mean(axis=1)
+    tail = 100 * (1 - level) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(per_task.mean()), float(low), float(high)
+
+
+def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int) -> dict:
+    """Success and dollar cost per episode of rolled-out episodes, each with a 95% interval over tasks."""
+    tasks = sorted({e.task.id for e in episodes})
+    index = {t: i for i, t in enumerate(tasks)}
+    totals, counts = np.zeros((len(tasks), 2)), np.zeros(len(tasks))
+    for e in episodes:
+        totals[index[e.task.id]] += (e.outcome, sum(t.cost for t in e.turns))
+        counts[index[e.task.id]] += 1
+    per_task = totals / counts[:, None]                                                        # (T, 2)
+    out = {}
+    for column, name in enumerate(("success", "cost")):
+        mean, low, high = bootstrap_mean(per_task[:, column], resamples, seed)
+        out.update({name: mean, f"{name}_lo": low, f"{name}_hi": high})
+    return out
+
+
+def choose(rows: Sequence[dict], budget: float) -> tuple[int, bool]:
+    """(index of the chosen row, whether it is within the budget): the most successful row whose cost interval's
+    upper end is within `budget` (ties: the cheaper); none: the cheapest row, not within the budget."""
+    feasible = [i for i, r in enumerate(rows) if r["cost_hi"] <= budget]
+    if not feasible:
+        return min(range(len(rows)), key=lambda i: rows[i]["cost"]), False
+    return max(feasible, key=lambda i: (rows[i]["success"], -rows[i]["cost"])), True
+
+
+def pareto(rows: Sequence[dict]) -> list[bool]:
+    """Whether each row is on the success-cost front: no other row at most as costly and more successful."""
+    return [not any(o["cost"] <= r["cost"] and o["success"] > r["success"] for o in rows) for r in rows]
+
+
+# ------------------------------------------------------------------------------------------- estimates
+
+
+def _routesim_rows(config, routers: dict[float, Router], split: str) -> list[dict]:
+    sim = make_routesim(config.sim)
+    cal = config.calibrate
+    policies = [RouterPolicy(router) for router in routers.values()]
+    rolled = evaluation.rollout_each(sim, policies, split, cal.rollouts, cal.seed)
+    return [{"lambda": lam, **episode_summary(episodes, cal.resamples, cal.seed)}
+            for lam, episodes in zip(routers, rolled)]
+
+
+def _logged_rows(config, routers: dict[float, Router], validation: list[Episode]) -> list[dict]:
+    """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR)."""
+    first = next(iter(routers.values()))
+    logs = ope.read_logs(validation, first.pool, first.config.reward.lam, first.config.reward.gamma, first.c_ref)
+    requests = ope.state_requests(logs, first.pool)
+    targets = {f"{lam:g}": ope.target_distribution(RouterPolicy(r), requests, first.pool) for lam, r in routers.items()}
+    features = ope.state_features(logs, make_encoder(config.encoder), config.max_state_tokens)
+    result = ope.evaluate(logs, targets, features, resamples=config.calibrate.resamples, seed=config.calibrate.seed)
+    estimator = "FQE"
+    rows = {r["policy"]: r for r in result["rows"] if r["estimator"] == estimator}
+    keys = ("success", "success_lo", "success_hi", "cost", "cost_lo", "cost_hi")
+    return [{"lambda": lam, "estimator": estimator, **{k: rows[f"{lam:g}"][k] for k in keys}} for lam in routers]
+
+
+def _validation_logs(config, run_dirs: Sequence[Path]) -> list[Episode]:
+    """The held-out validation episodes of one's own logs (the split every run drew alike)."""
+    manifest = run_dirs[0] / MANIFEST
+    if not manifest.exists():
+        raise ConfigError("calibrating on one's own logs needs held-out validation tasks: set "
+                          "--config.data.holdout.validation (e.g. 0.1)")
+    pool = read_model_cards(config.data.cards)
+    episodes = read_episodes(config.data.episodes, pool, skip_invalid=config.data.skip_invalid,
+                             max_skipped_fraction=config.data.max_skipped_fraction).episodes
+    return episodes_of(episodes, json.loads(manifest.read_text(encoding="utf-8"))["validation"])
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: float) -> dict:
+    """Trains (or reuses) a router per lambda, estimates their success and cost per episode on validation and
+    picks the best within `budget` dollars per episode; writes calibration.{md,json,png} in `workdir`."""
+    if not budget > 0:
+        raise ConfigError(f"the budget must be a cost per episode > 0 (USD), got {budget}")
+    workdir, started = Path(workdir), time.perf_counter()
+    simulated = "sim" in config
+    if simulated:
+        episodes_path, cards_path = routesim.corpus_files(routesim.collect(config, workdir))
+    else:
+        episodes_path, cards_path = Path(config.data.episodes), Path(config.data.cards)
+    lambdas = [float(x) for x in config.calibrate.lambdas]
+    variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
+    dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))
+    routers = {lam: Router.from_checkpoint(dirs[f"lambda={lam:g}"][0]) for lam in lambdas}
+    logging.info("calibrate: %d routers trained; estimating on validation (%.0fs elapsed)", len(routers),
+                 time.perf_counter() - started)
+    if simulated:
+        rows = _routesim_rows(config, routers, config.calibrate.split)
+    else:
+        rows = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]))
+    index, within = choose(rows, budget)
+    for row, front in zip(rows, pareto(rows)):
+        row["pareto"] = front
+    chosen = {**rows[index], "within_budget": within}
+    result = {"budget_usd_per_episode": budget, "chosen": chosen, "rows": rows, "simulated": simulated,
+              "router_dir": str(dirs[f"lambda={chosen['lambda']:g}"][0])}
+    if simulated:  # the check, after the choice: the chosen router's cost on the test tasks, rolled out
+        result["test"] = _routesim_rows(config, {chosen["lambda"]: routers[chosen["lambda"]]}, "test")[0]
+    result["seconds"] = time.perf_counter() - started
+    write_report(workdir, result)
+    return result
+
+
+def write_report(workdir: Path, result: dict) -> None:
+    budget, chosen = result["budget_usd_per_episode"], result["chosen"]
+    how = ("rolled out in RouteSim on its validation tasks" if result["simulated"]
+           else f"estimated off-policy ({result['rows'][0].get('estimator', '')}) on the held-out validation logs")
+    lines = [f"# Calibration: budget ${budget:g} per episode", "",
+             f"Success and cost per episode of the router at each lambda, {how}, with 95% intervals. A lambda is "
+             f"feasible when its cost interval's upper end is within the budget.", "",
+             "| lambda | success | 95% | cost $/episode | 95% | feasible | Pareto |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        mark = "**" if r["lambda"] == chosen["lambda"] else ""
+        lines.append(f"| {mark}{r['lambda']:g}{mark} | {r['success']:.3f} | {r['success_lo']:.3f}-"
+                     f"{r['success_hi']:.3f} | {r['cost']:.4f} | {r['cost_lo']:.4f}-{r['cost_hi']:.4f} | "
+                     f"{'yes' if r['cost_hi'] <= budget else 'no'} | {'yes' if r['pareto'] else ''} |")
+    verdict = "within the budget" if chosen["within_budget"] else "NOT within the budget: no lambda is; the cheapest"
+    lines += ["", f"Chosen: lambda {chosen['lambda']:g} ({verdict}), router `{result['router_dir']}`."]
+    if "test" in result:
+        test = result["test"]
+        lines.append(f"On the test tasks (rolled out after the choice): success {test['success']:.3f}, cost "
+                     f"${test['cost']:.4f} per episode ({test['cost_lo']:.4f}-{test['cost_hi']:.4f}), "
+                     f"{'within' if test['cost'] <= budget else 'over'} the budget.")
+    (workdir / "calibration.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (workdir / "calibration.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    plot(result, workdir / "calibration.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    rows, budget = result["rows"], result["budget_usd_per_episode"]
+    fig = Figure(figsize=(6.5, 4.5))
+    ax = fig.subplots()
+    cost = np.array([r["cost"] for r in rows])
+    success = np.array([r["success"] for r in rows])
+    xerr = np.array([[r["cost"] - r["cost_lo"], r["cost_hi"] - r["cost"]] for r in rows]).T
+    yerr = np.array([[r["success"] - r["success_lo"], r["success_hi"] - r["success"]] for r in rows]).T
+    ax.errorbar(cost, success, xerr=xerr, yerr=yerr, fmt="o", capsize=3, label="router at lambda (95% intervals)")
+    front = sorted((r["cost"], r["success"]) for r in rows if r["pareto"])
+    ax.plot(*zip(*front), "-", alpha=0.5, label="Pareto front")
+    for r in rows:
+        ax.annotate(f"{r['lambda']:g}", (r["cost"], r["success"]), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    ax.axvline(budget, linestyle="--", color="grey", label=f"budget ${budget:g}")
+    chosen = result["chosen"]
+    ax.scatter([chosen["cost"]], [chosen["success"]], s=120, facecolors="none", edgecolors="red", label="chosen")
+    ax.set_xlabel("cost per episode ($)")
+    ax.set_ylabel("success per episode")
+    ax.legend(loc="lower right", fontsize=8)
+    save_figure(fig, path)

@@ -1,0 +1,166 @@
+"""A trained router's value on held-out logs, off-policy (`python -m launch.evaluate_logs`), beside the baselines
+that the router's own training logs can fit, every fixed model and the random router; estimators in `rivet_jax.ope`.
+
+Writes <out>/ope.md (one table: every policy x estimator, with 95% intervals) and <out>/ope.json.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+from absl import logging
+
+from rivet_jax import ope
+from rivet_jax.config_checks import ConfigError
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
+from rivet_jax.corpus import NoCorpusError, corpus_paths, training_episodes
+from rivet_jax.data.schema import DataError, Episode, ModelPool, read_episodes, read_model_cards
+from rivet_jax.data.splits import MANIFEST, episodes_of
+from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.envs.base import FixedModelPolicy, Policy, RandomPolicy, RouterPolicy
+from rivet_jax.experiments.common import MAIN
+from rivet_jax.experiments.routesim import fit_baselines
+from rivet_jax.router import Router
+
+RANDOM = "random"
+
+
+def targets_of(policies: dict[str, Policy], logs: ope.Logs, pool: ModelPool) -> dict[str, np.ndarray]:
+    """Every policy's distribution (N, M) at the logged states (`ope.target_distribution`)."""
+    requests = ope.state_requests(logs, pool)
+    return {name: ope.target_distribution(policy, requests, pool) for name, policy in policies.items()}
+
+
+def reference_policies(pool: ModelPool) -> dict[str, Policy]:
+    """Every fixed model and the random router: the policies any log can be compared against."""
+    return {**{f"fixed:{m}": FixedModelPolicy(m) for m in pool.names}, RANDOM: RandomPolicy()}
+
+
+def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, Policy]:
+    """The baselines fitted on the logs the router was trained on (the training tasks of its split, when it drew
+    one): Best fixed (train) always, and with `everything` (and a config that sets them, as the RouteSim configs do)
+    the five fitted routers of the reproduction. None when those logs are not where the router's config says."""
+    config = router.config
+    try:
+        episodes_path, cards_path = corpus_paths(config, workdir)
+    except NoCorpusError:
+        episodes_path = cards_path = Path("")
+    if not (episodes_path.is_file() and cards_path.is_file()):
+        logging.warning("the router's training logs (config.data.episodes=%r) are not here: no baseline fitted",
+                        config.data.episodes)
+        return {}
+    episodes = training_episodes(config, workdir, read_episodes(episodes_path, router.pool).episodes)
+    lam, gamma = config.reward.lam, config.reward.gamma
+    if not (everything and "baselines" in config):
+        return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, lam, gamma, router.c_ref)}
+    store = EmbeddingStore(router.encoder, config.data.embedding_cache or workdir / "embeddings")
+    return fit_baselines(config, episodes, router.pool, store, lam, router.c_ref)
+
+
+def read_heldout(episodes_path: str | Path, cards_path: str | Path, router: Router) -> list[Episode]:
+    """The held-out episodes, against the router's pool (the same models, in the same order)."""
+    pool = read_model_cards(cards_path)
+    if pool.names != router.pool.names:
+        raise DataError(str(cards_path), None, "<file>", f"names the models {list(pool.names)}; the router was trained "
+                                                         f"on {list(router.pool.names)}: give the cards of its pool")
+    return read_episodes(episodes_path, router.pool).episodes
+
+
+def held_out_split(episodes: list[Episode], workdir: Path, split: str | None) -> list[Episode]:
+    """The episodes of `split`'s tasks in the workdir's task-level split (`data/splits.py`); with no split named,
+    all of them, with a warning when some are of tasks the router trained on (FQE is optimistic there)."""
+    manifest = workdir / MANIFEST
+    if split is None:
+        if manifest.exists():
+            trained = set(json.loads(manifest.read_text(encoding="utf-8"))["train"])
+            seen = sum(e.task.id in trained for e in episodes)
+            if seen:
+                logging.warning("%d of the %d episodes are of tasks %s trained on: estimates there are optimistic; "
+                                "pass --split=test (or validation) to keep to held-out tasks", seen, len(episodes),
+                                workdir)
+        return episodes
+    if not manifest.exists():
+        raise ConfigError(f"--split={split}: {workdir} has no {MANIFEST} (train with config.data.holdout > 0)")
+    return episodes_of(episodes, json.loads(manifest.read_text(encoding="utf-8"))[split])
+
+
+def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: str | Path, *, stage: str | None = None,
+                  baselines: bool = True, resamples: int = 200, seed: int = 0, ridge: float | None = None,
+                  out: str | Path | None = None, split: str | None = None) -> dict:
+    """The router of `workdir` (its `stage`, default the last trained), the baselines, the fixed models and the
+    random router, each estimated on the held-out logs (`split`: only that split's tasks of the workdir's
+    `splits.json`) by IS, WIS, FQE, DR and WDR at the router's lambda, gamma and c_ref; writes ope.md and ope.json
+    into `out` (default: the workdir)."""
+    started = time.perf_counter()
+    workdir = Path(workdir)
+    router = Router.from_checkpoint(workdir, stage)
+    episodes = held_out_split(read_heldout(episodes_path, cards_path, router), workdir, split)
+    config = router.config
+    logs = ope.read_logs(episodes, router.pool, config.reward.lam, config.reward.gamma, router.c_ref)
+    policies = {MAIN: RouterPolicy(router), **log_baselines(router, workdir, baselines),
+                **reference_policies(router.pool)}
+    targets = targets_of(policies, logs, router.pool)
+    features = ope.state_features(logs, router.encoder, config.max_state_tokens)
+    result = ope.evaluate(logs, targets, features, resamples=resamples, seed=seed, ridge=ridge)
+    result.update({"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
+                   "gamma": config.reward.gamma, "c_ref": router.c_ref, "seconds": time.perf_counter() - started})
+    write_result(Path(out or workdir), "ope", result, estimates_table(result))
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ output
+
+
+def interval(row: dict, channel: str, digits: int) -> str:
+    """`estimate [lo, hi]`, or `undefined` (the IS family without supported episodes)."""
+    value = row[channel]
+    if math.isnan(value):
+        return "undefined"
+    return f"{value:.{digits}f} [{row[f'{channel}_lo']:.{digits}f}, {row[f'{channel}_hi']:.{digits}f}]"
+
+
+def thin(row: dict) -> str:
+    """A mark on IS and WIS rows that rest on fewer than 10 episodes followed to the end (`ope.support_stats`)."""
+    return " (thin)" if row["estimator"] in ("IS", "WIS") and row.get("followed", 0) < 10 else ""
+
+
+def estimates_table(result: dict) -> str:
+    """The markdown report: what the IS family could use, FQE's penalty, then one row per policy and estimator."""
+    lines = [f"Off-policy estimates on {result['episodes']} held-out episodes; 95% percentile-bootstrap intervals "
+             f"over episodes ({result['resamples']} resamples).", "", f"Support: {result['support']}.", "",
+             f"FQE: per-model ridge regression on the router's state embedding, penalty {result['ridge']:g}"
+             f"{' (cross-validated, then / 10)' if 'ridge_errors' in result else ''}.", "",
+             "J: expected discounted return (Eqs. 1-2); success: mean outcome; cost: dollars per episode. followed: "
+             "supported episodes in which the policy chose the logged model at every turn; ESS: their effective "
+             "number. (thin): fewer than 10 followed, so IS and WIS rest on a handful of episodes and their interval "
+             "cannot show the weight of the trajectories no episode took; read FQE and DR there.", "",
+             "| policy | estimator | J [95%] | success [95%] | cost $/episode [95%] | followed | ESS |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        support = (f"{row['followed']} | {row['ess']:.1f}" if "followed" in row else " | ")
+        lines.append(f"| {row['policy']} | {row['estimator']}{thin(row)} | {interval(row, 'return', 3)} | "
+                     f"{interval(row, 'success', 3)} | {interval(row, 'cost', 5)} | {support} |")
+    return "\n".join(lines)
+
+
+def write_result(directory: Path, name: str, result: dict, table: str) -> None:
+    """<directory>/<name>.md and <name>.json (NaN written as null)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.md").write_text(table + "\n", encoding="utf-8")
+    (directory / f"{name}.json").write_text(json.dumps(nan_to_none(result), indent=2) + "\n", encoding="utf-8")
+    logging.info("wrote %s", directory / f"{name}.md")
+
+
+def nan_to_none(value):
+    """JSON has no NaN: undefined estimates become null."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_to_none(v) for v in value]
+    return value

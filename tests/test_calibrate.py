@@ -1,0 +1,87 @@
+"""launch.calibrate: the choice rule by hand, the intervals, and a tiny RouteSim run end to end."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.experiments.calibrate import bootstrap_mean, choose, episode_summary, pareto
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _row(lam, success, cost, cost_hi):
+    return {"lambda": lam, "success": success, "cost": cost, "cost_hi": cost_hi}
+
+
+def test_choose_the_most_successful_row_whose_cost_bound_fits():
+    rows = [_row(0.0, 0.9, 0.05, 0.07), _row(0.1, 0.8, 0.02, 0.035), _row(0.5, 0.8, 0.01, 0.015),
+            _row(1.0, 0.5, 0.005, 0.006)]
+    # 0.1 and 0.5 tie on success within 0.04: the cheaper, 0.5
+    assert choose(rows, budget=0.04) == (2, True)
+    assert choose(rows, budget=0.06) == (2, True)      # lambda 0's point cost fits, its upper bound (0.07) does not
+    assert choose(rows, budget=0.07) == (0, True)
+    assert choose(rows, budget=0.001) == (3, False)    # nothing fits: the cheapest, flagged
+    assert pareto(rows) == [True, True, True, True]
+    assert pareto(rows + [_row(2.0, 0.4, 0.02, 0.03)]) == [True, True, True, True, False]
+
+
+def test_bootstrap_interval_over_tasks():
+    assert bootstrap_mean(np.full(5, 0.3), 100, 0) == pytest.approx((0.3, 0.3, 0.3))
+    mean, low, high = bootstrap_mean(np.array([0.0, 1.0, 0.0, 1.0]), 2000, 0)
+    assert mean == 0.5 and 0.0 <= low < 0.5 < high <= 1.0
+
+
+def test_episode_summary_averages_rollouts_within_a_task_first():
+    def episode(task, outcome, cost, r):
+        turn = Turn(model="m", response="", feedback="", prompt_tokens=1, completion_tokens=1, cost=cost)
+        return Episode(f"{task}/{r}", Task(task, task), (turn,), outcome)
+
+    # task a: 3 rollouts (success 2/3, cost 0.03 each); task b: 1 rollout (fail, cost 0.01)
+    episodes = [episode("a", 1, 0.03, 0), episode("a", 1, 0.03, 1), episode("a", 0, 0.03, 2), episode("b", 0, 0.01, 0)]
+    summary = episode_summary(episodes, 200, 0)
+    assert summary["success"] == pytest.approx((2 / 3 + 0) / 2)
+    assert summary["cost"] == pytest.approx((0.03 + 0.01) / 2)
+    assert summary["cost_lo"] >= 0.01 - 1e-12 and summary["cost_hi"] <= 0.03 + 1e-12
+
+
+@pytest.mark.slow
+def test_tiny_routesim_calibration(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "launch.calibrate", "--config=configs/routesim.py:tiny",
+                             f"--workdir={tmp_path}", "--budget_usd_per_episode=0.004"], cwd=REPO,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "calibration.json").read_text())
+    rows = out["rows"]
+    assert [r["lambda"] for r in rows] == [0.0, 2.0]
+    assert all(r["success_lo"] <= r["success"] <= r["success_hi"] and r["cost_lo"] <= r["cost"] <= r["cost_hi"]
+               for r in rows)
+    index, within = choose(rows, 0.004)
+    assert out["chosen"]["lambda"] == rows[index]["lambda"] and out["chosen"]["within_budget"] == within
+    assert {"success", "cost"} <= set(out["test"])  # the chosen router rolled out on the test tasks
+    assert (tmp_path / "calibration.png").exists() and "Chosen: lambda" in (tmp_path / "calibration.md").read_text()
+
+
+@pytest.mark.slow
+def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
+    from rivet_jax.envs import collect
+
+    collect.write_demo_corpus(tmp_path / "logs", 20, 0)  # stands in for one's own logs: 7 loggers x 20 tasks
+    result = subprocess.run([sys.executable, "-m", "launch.calibrate", "--config=configs/default.py:tiny",
+                             f"--workdir={tmp_path / 'w'}", "--budget_usd_per_episode=0.004",
+                             f"--config.data.episodes={tmp_path / 'logs' / 'episodes.jsonl'}",
+                             f"--config.data.cards={tmp_path / 'logs' / 'model_cards.json'}",
+                             "--config.data.holdout.validation=0.3", "--config.calibrate.resamples=50"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads((tmp_path / "w" / "calibration.json").read_text())
+    # fitted-Q evaluation on the held-out validation tasks
+    assert not out["simulated"] and all(r["estimator"] == "FQE" for r in out["rows"])
+    index, within = choose(out["rows"], 0.004)
+    assert out["chosen"]["lambda"] == out["rows"][index]["lambda"] and "test" not in out
+    splits = json.loads((tmp_path / "w" / "runs" / "lambda0" / "seed_42" / "splits.json").read_text())
+    assert splits["validation"] and not set(splits["validation"]) & set(splits["train"])
