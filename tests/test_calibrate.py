@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.experiments.calibrate import bootstrap_mean, choose, episode_summary, pareto
+from rivet_jax.experiments.calibrate import best_checkpoints, bootstrap_mean, choose, episode_summary, pareto
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,13 @@ def test_choose_the_most_successful_row_whose_cost_bound_fits():
     assert pareto(rows + [_row(2.0, 0.4, 0.02, 0.03)]) == [True, True, True, True, False]
 
 
+def test_each_lambda_keeps_its_stage_with_the_best_validation_return():
+    rows = [{"lambda": 0.0, "stage": "mc", "return": 0.5}, {"lambda": 0.0, "stage": "td", "return": 0.6},
+            {"lambda": 0.1, "stage": "mc", "return": 0.4}, {"lambda": 0.1, "stage": "td", "return": 0.4}]
+    assert best_checkpoints(rows) == [False, True, False, True]  # a tie keeps the later stage
+    assert best_checkpoints(rows[:3]) == [False, True, True]
+
+
 def test_bootstrap_interval_over_tasks():
     assert bootstrap_mean(np.full(5, 0.3), 100, 0) == pytest.approx((0.3, 0.3, 0.3))
     mean, low, high = bootstrap_mean(np.array([0.0, 1.0, 0.0, 1.0]), 2000, 0)
@@ -43,9 +50,11 @@ def test_episode_summary_averages_rollouts_within_a_task_first():
 
     # task a: 3 rollouts (success 2/3, cost 0.03 each); task b: 1 rollout (fail, cost 0.01)
     episodes = [episode("a", 1, 0.03, 0), episode("a", 1, 0.03, 1), episode("a", 0, 0.03, 2), episode("b", 0, 0.01, 0)]
-    summary = episode_summary(episodes, 200, 0)
+    summary = episode_summary(episodes, 200, 0, lam=0.5, gamma=1.0, c_ref=0.01)
     assert summary["success"] == pytest.approx((2 / 3 + 0) / 2)
     assert summary["cost"] == pytest.approx((0.03 + 0.01) / 2)
+    # J per episode: outcome - 0.5 x cost / 0.01: task a (1 - 1.5, 1 - 1.5, 0 - 1.5) -> -0.8333, task b -0.5
+    assert summary["return"] == pytest.approx((-5 / 6 - 0.5) / 2)
     assert summary["cost_lo"] >= 0.01 - 1e-12 and summary["cost_hi"] <= 0.03 + 1e-12
 
 
@@ -57,11 +66,14 @@ def test_tiny_routesim_calibration(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "calibration.json").read_text())
     rows = out["rows"]
-    assert [r["lambda"] for r in rows] == [0.0, 2.0]
+    assert [(r["lambda"], r["stage"]) for r in rows] == [(0.0, "mc"), (0.0, "td"), (2.0, "mc"), (2.0, "td")]
     assert all(r["success_lo"] <= r["success"] <= r["success_hi"] and r["cost_lo"] <= r["cost"] <= r["cost_hi"]
                for r in rows)
-    index, within = choose(rows, 0.004)
-    assert out["chosen"]["lambda"] == rows[index]["lambda"] and out["chosen"]["within_budget"] == within
+    assert [r["kept"] for r in rows] == best_checkpoints(rows)
+    kept = [r for r in rows if r["kept"]]
+    index, within = choose(kept, 0.004)
+    assert (out["chosen"]["lambda"], out["chosen"]["stage"]) == (kept[index]["lambda"], kept[index]["stage"])
+    assert out["chosen"]["within_budget"] == within and out["router_stage"] == kept[index]["stage"]
     assert {"success", "cost"} <= set(out["test"])  # the chosen router rolled out on the test tasks
     assert (tmp_path / "calibration.png").exists() and "Chosen: lambda" in (tmp_path / "calibration.md").read_text()
 
@@ -81,7 +93,8 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
     out = json.loads((tmp_path / "w" / "calibration.json").read_text())
     # fitted-Q evaluation on the held-out validation tasks
     assert not out["simulated"] and all(r["estimator"] == "FQE" for r in out["rows"])
-    index, within = choose(out["rows"], 0.004)
-    assert out["chosen"]["lambda"] == out["rows"][index]["lambda"] and "test" not in out
+    kept = [r for r in out["rows"] if r["kept"]]
+    index, within = choose(kept, 0.004)
+    assert out["chosen"]["lambda"] == kept[index]["lambda"] and "test" not in out
     splits = json.loads((tmp_path / "w" / "runs" / "lambda0" / "seed_42" / "splits.json").read_text())
     assert splits["validation"] and not set(splits["validation"]) & set(splits["train"])

@@ -6,6 +6,7 @@
          one's own logs: estimated off-policy on the held-out validation tasks by fitted-Q evaluation
          (`rivet_jax.ope`; on RouteSim's held-out logs FQE's intervals covered all 9 policies' exact values with a
          mean error of 0.022 in J, while DR, with the few stochastic episodes such logs hold, was off by up to 1)
+      -> per lambda, the checkpoint (stage: mc, td) with the best validation J, the objective it was trained for
       -> the feasible lambdas: the interval's *upper* end of the cost within the budget, so the choice keeps to the
          budget unless the estimate is off by more than its own uncertainty
       -> the most successful feasible lambda (ties: the cheaper); none feasible: the cheapest, flagged
@@ -27,7 +28,7 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
-from rivet_jax import evaluation, ope
+from rivet_jax import evaluation, ope, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, episodes_of
@@ -35,7 +36,7 @@ from rivet_jax.encoders import make_encoder
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import train_variants
+from rivet_jax.experiments.common import train_variants, with_overrides
 from rivet_jax.experiments.report import save_figure
 from rivet_jax.router import Router
 
@@ -50,20 +51,33 @@ def bootstrap_mean(per_task: np.ndarray, resamples: int, seed: int, level: float
     return float(per_task.mean()), float(low), float(high)
 
 
-def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int) -> dict:
-    """Success and dollar cost per episode of rolled-out episodes, each with a 95% interval over tasks."""
+def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, lam: float, gamma: float,
+                    c_ref: float) -> dict:
+    """Success, dollar cost and return J (Eqs. 1-2 at `lam`) per episode of rolled-out episodes, each with a 95%
+    interval over tasks."""
     tasks = sorted({e.task.id for e in episodes})
     index = {t: i for i, t in enumerate(tasks)}
-    totals, counts = np.zeros((len(tasks), 2)), np.zeros(len(tasks))
+    totals, counts = np.zeros((len(tasks), 3)), np.zeros(len(tasks))
     for e in episodes:
-        totals[index[e.task.id]] += (e.outcome, sum(t.cost for t in e.turns))
+        totals[index[e.task.id]] += (e.outcome, sum(t.cost for t in e.turns),
+                                     evaluation.discounted_return(e, lam, gamma, c_ref))
         counts[index[e.task.id]] += 1
-    per_task = totals / counts[:, None]                                                        # (T, 2)
+    per_task = totals / counts[:, None]                                                        # (T, 3)
     out = {}
-    for column, name in enumerate(("success", "cost")):
+    for column, name in enumerate(("success", "cost", "return")):
         mean, low, high = bootstrap_mean(per_task[:, column], resamples, seed)
         out.update({name: mean, f"{name}_lo": low, f"{name}_hi": high})
     return out
+
+
+def best_checkpoints(rows: Sequence[dict]) -> list[bool]:
+    """Whether each row is its lambda's kept checkpoint: the stage with the best validation J at that lambda (the
+    objective its router was trained for; ties: the later stage)."""
+    best = {}
+    for i, r in enumerate(rows):
+        if r["lambda"] not in best or r["return"] >= rows[best[r["lambda"]]]["return"]:
+            best[r["lambda"]] = i
+    return [best[r["lambda"]] == i for i, r in enumerate(rows)]
 
 
 def choose(rows: Sequence[dict], budget: float) -> tuple[int, bool]:
@@ -83,27 +97,36 @@ def pareto(rows: Sequence[dict]) -> list[bool]:
 # ------------------------------------------------------------------------------------------- estimates
 
 
-def _routesim_rows(config, routers: dict[float, Router], split: str) -> list[dict]:
+def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str) -> list[dict]:
     sim = make_routesim(config.sim)
     cal = config.calibrate
     policies = [RouterPolicy(router) for router in routers.values()]
     rolled = evaluation.rollout_each(sim, policies, split, cal.rollouts, cal.seed)
-    return [{"lambda": lam, **episode_summary(episodes, cal.resamples, cal.seed)}
-            for lam, episodes in zip(routers, rolled)]
+    return [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, lam,
+                                                              router.config.reward.gamma, router.c_ref)}
+            for ((lam, stage), router), episodes in zip(routers.items(), rolled)]
 
 
-def _logged_rows(config, routers: dict[float, Router], validation: list[Episode]) -> list[dict]:
-    """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR)."""
+def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: list[Episode]) -> list[dict]:
+    """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR). J at each
+    router's own lambda is success - lambda x cost / c_ref, undiscounted (one FQE fit serves every lambda; it ranks
+    the checkpoints of one lambda, which is all it is used for)."""
     first = next(iter(routers.values()))
     logs = ope.read_logs(validation, first.pool, first.config.reward.lam, first.config.reward.gamma, first.c_ref)
     requests = ope.state_requests(logs, first.pool)
-    targets = {f"{lam:g}": ope.target_distribution(RouterPolicy(r), requests, first.pool) for lam, r in routers.items()}
+    targets = {f"{lam:g}/{stage}": ope.target_distribution(RouterPolicy(r), requests, first.pool)
+               for (lam, stage), r in routers.items()}
     features = ope.state_features(logs, make_encoder(config.encoder), config.max_state_tokens)
     result = ope.evaluate(logs, targets, features, resamples=config.calibrate.resamples, seed=config.calibrate.seed)
     estimator = "FQE"
     rows = {r["policy"]: r for r in result["rows"] if r["estimator"] == estimator}
     keys = ("success", "success_lo", "success_hi", "cost", "cost_lo", "cost_hi")
-    return [{"lambda": lam, "estimator": estimator, **{k: rows[f"{lam:g}"][k] for k in keys}} for lam in routers]
+    out = []
+    for lam, stage in routers:
+        row = rows[f"{lam:g}/{stage}"]
+        out.append({"lambda": lam, "stage": stage, "estimator": estimator, **{k: row[k] for k in keys},
+                    "return": row["success"] - lam * row["cost"] / first.c_ref})
+    return out
 
 
 def _validation_logs(config, run_dirs: Sequence[Path]) -> list[Episode]:
@@ -135,21 +158,27 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     lambdas = [float(x) for x in config.calibrate.lambdas]
     variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))
-    routers = {lam: Router.from_checkpoint(dirs[f"lambda={lam:g}"][0]) for lam in lambdas}
-    logging.info("calibrate: %d routers trained; estimating on validation (%.0fs elapsed)", len(routers),
+    stages = train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
+    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage)
+               for lam in lambdas for stage in stages}
+    logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
     if simulated:
         rows = _routesim_rows(config, routers, config.calibrate.split)
     else:
         rows = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]))
-    index, within = choose(rows, budget)
-    for row, front in zip(rows, pareto(rows)):
+    for row, kept in zip(rows, best_checkpoints(rows)):
+        row["kept"] = kept
+    kept_rows = [r for r in rows if r["kept"]]
+    index, within = choose(kept_rows, budget)
+    for row, front in zip(kept_rows, pareto(kept_rows)):
         row["pareto"] = front
-    chosen = {**rows[index], "within_budget": within}
+    chosen = {**kept_rows[index], "within_budget": within}
     result = {"budget_usd_per_episode": budget, "chosen": chosen, "rows": rows, "simulated": simulated,
-              "router_dir": str(dirs[f"lambda={chosen['lambda']:g}"][0])}
+              "router_dir": str(dirs[f"lambda={chosen['lambda']:g}"][0]), "router_stage": chosen["stage"]}
     if simulated:  # the check, after the choice: the chosen router's cost on the test tasks, rolled out
-        result["test"] = _routesim_rows(config, {chosen["lambda"]: routers[chosen["lambda"]]}, "test")[0]
+        key = (chosen["lambda"], chosen["stage"])
+        result["test"] = _routesim_rows(config, {key: routers[key]}, "test")[0]
     result["seconds"] = time.perf_counter() - started
     write_report(workdir, result)
     return result
@@ -160,16 +189,21 @@ def write_report(workdir: Path, result: dict) -> None:
     how = ("rolled out in RouteSim on its validation tasks" if result["simulated"]
            else f"estimated off-policy ({result['rows'][0].get('estimator', '')}) on the held-out validation logs")
     lines = [f"# Calibration: budget ${budget:g} per episode", "",
-             f"Success and cost per episode of the router at each lambda, {how}, with 95% intervals. A lambda is "
-             f"feasible when its cost interval's upper end is within the budget.", "",
-             "| lambda | success | 95% | cost $/episode | 95% | feasible | Pareto |", "|---|---|---|---|---|---|---|"]
+             f"Success, cost and return J per episode of each stage's router at each lambda, {how}, with 95% "
+             f"intervals. Each lambda keeps the stage with the best validation J; a kept router is feasible when its "
+             f"cost interval's upper end is within the budget.", "",
+             "| lambda | stage | J | success | 95% | cost $/episode | 95% | kept | feasible | Pareto |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        mark = "**" if r["lambda"] == chosen["lambda"] else ""
-        lines.append(f"| {mark}{r['lambda']:g}{mark} | {r['success']:.3f} | {r['success_lo']:.3f}-"
-                     f"{r['success_hi']:.3f} | {r['cost']:.4f} | {r['cost_lo']:.4f}-{r['cost_hi']:.4f} | "
-                     f"{'yes' if r['cost_hi'] <= budget else 'no'} | {'yes' if r['pareto'] else ''} |")
+        mark = "**" if (r["lambda"], r["stage"]) == (chosen["lambda"], chosen["stage"]) else ""
+        lines.append(f"| {mark}{r['lambda']:g}{mark} | {r['stage']} | {r['return']:.3f} | {r['success']:.3f} | "
+                     f"{r['success_lo']:.3f}-{r['success_hi']:.3f} | {r['cost']:.4f} | {r['cost_lo']:.4f}-"
+                     f"{r['cost_hi']:.4f} | {'yes' if r['kept'] else ''} | "
+                     f"{('yes' if r['cost_hi'] <= budget else 'no') if r['kept'] else ''} | "
+                     f"{'yes' if r.get('pareto') else ''} |")
     verdict = "within the budget" if chosen["within_budget"] else "NOT within the budget: no lambda is; the cheapest"
-    lines += ["", f"Chosen: lambda {chosen['lambda']:g} ({verdict}), router `{result['router_dir']}`."]
+    lines += ["", f"Chosen: lambda {chosen['lambda']:g}, stage {chosen['stage']} ({verdict}), router "
+                  f"`{result['router_dir']}` (`Router.from_checkpoint(dir, stage='{chosen['stage']}')`)."]
     if "test" in result:
         test = result["test"]
         lines.append(f"On the test tasks (rolled out after the choice): success {test['success']:.3f}, cost "
@@ -181,7 +215,7 @@ def write_report(workdir: Path, result: dict) -> None:
 
 
 def plot(result: dict, path: Path) -> None:
-    rows, budget = result["rows"], result["budget_usd_per_episode"]
+    rows, budget = [r for r in result["rows"] if r["kept"]], result["budget_usd_per_episode"]
     fig = Figure(figsize=(6.5, 4.5))
     ax = fig.subplots()
     cost = np.array([r["cost"] for r in rows])
