@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
-from rivet_jax.data.validation import DataError, Where
+from rivet_jax.data.validation import DataError, Where, parse_json
 
-__all__ = ["PathLike", "open_error", "numbered_lines", "decode_line", "atomic_write_text"]
+__all__ = ["PathLike", "open_error", "numbered_lines", "decode_line", "read_json_document", "atomic_write_text"]
 
 PathLike = str | os.PathLike
 
@@ -48,6 +49,20 @@ def decode_line(raw: bytes, where: Where) -> str:
         return raw.decode("utf-8-sig" if where.line == 1 else "utf-8")
     except UnicodeDecodeError as err:
         raise where.error("<json>", f"not valid UTF-8: {err.reason}") from None
+
+
+def read_json_document(path: PathLike) -> Any:
+    """A whole file as one JSON value (the model cards, a trajectory document); its errors name the file (and a
+    syntax error's line)."""
+    path_str = os.fspath(path)
+    try:
+        with open(path_str, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise open_error(path_str, err) from None
+    except UnicodeDecodeError as err:
+        raise DataError(path_str, None, "<json>", f"not valid UTF-8: {err}") from None
+    return parse_json(text, Where(path_str, None))
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:

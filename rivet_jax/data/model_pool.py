@@ -21,9 +21,9 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from rivet_jax.data.files import PathLike, atomic_write_text, open_error
+from rivet_jax.data.files import PathLike, atomic_write_text, read_json_document
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_bool, as_int, as_number, as_str, optional, parse_json, reject_unknown_keys,
+    MISSING, Where, as_bool, as_int, as_number, as_str, optional, reject_unknown_keys,
     require_field, require_object, wrong_type,
 )
 
@@ -219,15 +219,7 @@ def _card_differences(mine: ModelCard, theirs: ModelCard) -> list[str]:
 
 def read_model_cards(path: PathLike) -> ModelPool:
     """Read a model-card JSON document (see the module docstring) into a ModelPool."""
-    path_str = os.fspath(path)
-    try:
-        with open(path_str, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise open_error(path_str, err) from None
-    except UnicodeDecodeError as err:
-        raise DataError(path_str, None, "<json>", f"not valid UTF-8: {err}") from None
-    return ModelPool.from_json(parse_json(text, Where(path_str, None)), path=path_str)
+    return ModelPool.from_json(read_json_document(path), path=os.fspath(path))
 
 
 def write_model_cards(path: PathLike, pool: ModelPool) -> None:

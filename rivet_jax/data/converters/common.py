@@ -12,14 +12,14 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from rivet_jax.data.files import decode_line, numbered_lines, open_error
+from rivet_jax.data.files import decode_line, numbered_lines
 from rivet_jax.data.model_pool import ModelCard, ModelPool
 from rivet_jax.data.schema import Episode
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_int, as_number, as_str, parse_json, require_field, require_object,
+    MISSING, Where, as_int, as_number, as_str, parse_json, require_field, require_object,
 )
 
-__all__ = ["Conversion", "read_jsonl", "read_json_document", "pool_model", "tokens_and_cost"]
+__all__ = ["Conversion", "read_jsonl", "pool_model", "tokens_and_cost"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,19 +36,6 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[Where, Any]]:
         text = decode_line(raw, where)
         if text.strip():
             yield where, parse_json(text, where)
-
-
-def read_json_document(path: str | os.PathLike) -> Any:
-    """A whole file as one JSON value; its errors name the file (and a syntax error's line)."""
-    path_str = os.fspath(path)
-    try:
-        with open(path_str, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise open_error(path_str, err) from None
-    except UnicodeDecodeError as err:
-        raise DataError(path_str, None, "<json>", f"not valid UTF-8: {err}") from None
-    return parse_json(text, Where(path_str, None))
 
 
 def pool_model(value: Any, pool: ModelPool, where: Where, field: str) -> ModelCard:

@@ -55,7 +55,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rivet_jax.data.converters.common import Conversion, pool_model, read_json_document, tokens_and_cost
+from rivet_jax.data.converters.common import Conversion, pool_model, tokens_and_cost
+from rivet_jax.data.files import read_json_document
 from rivet_jax.data.model_pool import ModelPool
 from rivet_jax.data.outcomes import scale_outcome
 from rivet_jax.data.schema import Episode, Task, Turn
