@@ -15,6 +15,7 @@ from absl import app, flags, logging
 
 from rivet_jax import checkpointing
 from rivet_jax.config_checks import ConfigError, check_config
+from rivet_jax.run_identity import flatten
 from rivet_jax.corpus import NoCorpusError
 from rivet_jax.data.schema import DataError
 from rivet_jax.learner import NonFiniteLossError
@@ -128,15 +129,6 @@ def _print_help(argv: list[str]) -> None:
     config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
     if config is not None:
         print("\nconfig keys (override any with --config.KEY=VALUE):")
-        for key, value in _flatten(config.to_dict()):
+        for key, value in flatten(config.to_dict()).items():
             print(f"  --config.{key}={value!r}")
 
-
-def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
-    items = []
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            items += _flatten(value, f"{prefix}{key}.")
-        else:
-            items.append((f"{prefix}{key}", value))
-    return items
