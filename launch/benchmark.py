@@ -3,7 +3,11 @@ the full offline training's wall time, routing latency, encoders and scaling cur
 
   python -m launch.benchmark --config=configs/default.py --output=/tmp/rivet_bench.json
 
-Prints a table and writes the numbers as JSON (and the scaling curves as <output>_scaling.png).
+Prints a table and writes the numbers as JSON (and the scaling curves as <output>_scaling.png). With --serve,
+only the routing proxy's overhead per request (launch.serve), at 1 and 16 concurrent clients (rivet_jax/bench/serve.py
+says which scenarios), with the hashing encoder and MiniLM (needs the serve extra):
+
+  python -m launch.benchmark --serve --output=/tmp/rivet_serve_bench.json
 """
 
 from absl import flags
@@ -22,6 +26,8 @@ _PREFIX_REUSE = flags.DEFINE_bool("prefix_reuse", True, "Also measure Qwen3 pref
                                   "when --mint_dir or --qwen3_fixture is absent).")
 _MINT = flags.DEFINE_string("mint_dir", "../shared/mint", "MINT logs for the prefix-reuse measurement.")
 _RUNS = flags.DEFINE_integer("runs", 27, "Runs trained together in the run-group line (the reproduction's 27).")
+_SERVE = flags.DEFINE_bool("serve", False, "Only the routing proxy's overhead (rivet_jax/bench/serve.py).")
+_SERVE_ENCODERS = flags.DEFINE_list("serve_encoders", ["hashing", "minilm"], "Encoders of the --serve benchmark.")
 _QWEN3_FIXTURE = flags.DEFINE_string("qwen3_fixture", "../shared/fixtures/qwen3_tiny",
                                      "Tiny Qwen3 checkpoint timing the prefix-reuse paths.")
 
@@ -30,6 +36,8 @@ def main(argv):
     del argv
     reference = benchmark.matmul_flops_per_s()  # first, so that every time printed after reads against it
     print(f"machine reference: 2048^2 float32 matmul at {reference / 1e9:.0f} GFLOP/s", flush=True)
+    if _SERVE.value:
+        return _serve_benchmark(reference)
     result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value,
                                      scaling=_SCALING.value, encoders=_ENCODERS.value, runs=_RUNS.value,
                                      prefix_reuse=(_MINT.value, _QWEN3_FIXTURE.value) if _PREFIX_REUSE.value else None,
@@ -41,6 +49,19 @@ def main(argv):
         plot = str(_OUTPUT.value).rsplit(".", 1)[0] + "_scaling.png"
         benchmark.plot_scaling(result["scaling"], plot)
         print(f"wrote {plot}")
+
+
+def _serve_benchmark(reference: float) -> None:
+    from configs import serve
+    from rivet_jax.bench.serve import format_serve_rows, serve_overhead
+
+    result = serve_overhead(_CONFIG.value, serve.get_config(), encoders=tuple(_SERVE_ENCODERS.value))
+    rows = format_serve_rows(result)
+    width = max(len(name) for name, _, _ in rows)
+    print("routing proxy overhead per request (request in -> upstream request out)")
+    print("\n".join(f"  {name:<{width}}  {value:>14}  {note}" for name, value, note in rows))
+    benchmark.write_json({"matmul_gflops": reference / 1e9, "serve": result}, _OUTPUT.value)
+    print(f"wrote {_OUTPUT.value}")
 
 
 if __name__ == "__main__":

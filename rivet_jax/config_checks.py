@@ -86,6 +86,15 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "calibrate.stage": (lambda v: v in STAGES, f"one of {', '.join(STAGES)}"),
     "calibrate.rollouts": (_at_least(1), "an integer >= 1"),
     "calibrate.resamples": (_at_least(1), "an integer >= 1"),
+    # launch.serve (configs/serve.py)
+    "router_stage": (lambda v: v in ("", "mc", "td", "online"), "'' (the last trained), 'mc', 'td' or 'online'"),
+    "port": (lambda v: _integer(v) and 0 <= v <= 65535, "a TCP port in [0, 65535]"),
+    "epsilon": (_in(0.0, 1.0), "a probability in [0, 1]"),
+    "max_attempts": (_at_least(1), "an integer >= 1"),
+    "timeout_s": (_in(0.0, math.inf, low_open=True), "seconds > 0"),
+    "connect_timeout_s": (_in(0.0, math.inf, low_open=True), "seconds > 0"),
+    "cooloff_s": (_in(0.0, math.inf), "seconds >= 0"),
+    "episode_timeout_s": (_in(0.0, math.inf, low_open=True), "seconds > 0"),
 }
 
 

@@ -132,6 +132,19 @@ def test_router_imports_no_training_code():
     assert not {m for m in reached if m.startswith(("rivet_jax.experiments", "rivet_jax.bench"))}
 
 
+def test_the_proxy_imports_no_training_code():
+    """The serving proxy deploys the router: what it reaches is the router's closure and the data readers."""
+    reached: set[str] = set()
+    pending = [name for name in MODULES if name.startswith("rivet_jax.serve")]
+    while pending:
+        for dep in dependencies(pending.pop()) & set(MODULES):
+            if dep not in reached:
+                reached.add(dep)
+                pending.append(dep)
+    training = {"rivet_jax.train", "rivet_jax.learner", "rivet_jax.losses", "rivet_jax.online", "rivet_jax.corpus"}
+    assert not reached & training, sorted(reached & training)
+
+
 def test_the_package_root_holds_only_the_method():
     """Experiments and benchmarks live in their own subpackages, not beside the method's modules."""
     root = {p.stem for p in PACKAGE.glob("*.py")}

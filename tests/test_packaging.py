@@ -85,11 +85,32 @@ def third_party_imports() -> dict[str, dict[str, bool]]:
 IMPORTS = third_party_imports()
 
 
+# Modules that need an extra to import at all (`import rivet_jax.serve.app` needs the serve extra); nothing
+# outside them imports them at module level.
+EXTRA_SUBPACKAGES = {"rivet_jax/serve/": "serve", "rivet_jax/bench/serve.py": "serve"}
+
+
+def extra_of(path: str) -> tuple[str, ...]:
+    return tuple(extra for prefix, extra in EXTRA_SUBPACKAGES.items() if path.startswith(prefix))
+
+
 def test_imports_that_run_on_import_are_runtime_dependencies():
-    runtime = requirements()
-    missing = {dist: [p for p, now in paths.items() if now] for dist, paths in IMPORTS.items()
-               if any(paths.values()) and dist not in runtime}
-    assert not missing, f"imported at module level but not in [project] dependencies: {missing}"
+    missing = {dist: bad for dist, paths in IMPORTS.items()
+               if (bad := [p for p, now in paths.items() if now and dist not in requirements(extra_of(p))])}
+    assert not missing, f"imported at module level but not in [project] dependencies (or its subpackage's extra): " \
+                        f"{missing}"
+
+
+def test_only_the_extra_modules_import_them_at_module_level():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(REPO))
+        if extra_of(relative):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:   # module-level statements only
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(extra_of(name.replace(".", "/") + "/") or extra_of(name.replace(".", "/") + ".py")
+                               for name in names), f"{relative} imports {names} at module level"
 
 
 def test_deferred_imports_are_in_an_extra_or_installed_apart():
@@ -99,7 +120,7 @@ def test_deferred_imports_are_in_an_extra_or_installed_apart():
 
 
 def test_every_declared_library_is_imported():
-    libraries = set(requirements(("encoders", "torch-reference")))  # test and notebooks: tools, not imports
+    libraries = set(requirements(("encoders", "serve", "torch-reference")))  # test and notebooks: tools, not imports
     assert libraries <= set(IMPORTS), f"declared but never imported: {sorted(libraries - set(IMPORTS))}"
 
 

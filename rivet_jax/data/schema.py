@@ -20,8 +20,8 @@ Episodes (`read_episodes` / `write_episodes`) are JSONL, one episode per line:
 ```
 
 `outcome` is a number in [0, 1] (`outcomes.check_outcome`): 0 or 1 for task success, or a graded score.
-`family`, `propensity`, `available`, `done` are optional. Blank lines are skipped (not
-errors); a line ends at LF, CR LF or a lone CR. Unknown and repeated keys in an episode record are
+`family`, `propensity`, `available`, `latency_s` (seconds the call took), `done` are optional. Blank lines are
+skipped (not errors); a line ends at LF, CR LF or a lone CR. Unknown and repeated keys in an episode record are
 rejected, because in a schema a typo'd key would otherwise be read as "field absent" and of a
 repeated one only the last value would be; so is half a UTF-16 surrogate pair in any string
 (it would crash the text encoder later), and a file without a single episode.
@@ -86,6 +86,7 @@ class Turn:
     done: bool = False  # terminal turn; the last turn of an Episode is always done
     propensity: float | None = None  # behaviour-policy probability of `model`, in (0, 1]
     available: tuple[str, ...] | None = None  # choosable models (None = whole pool)
+    latency_s: float | None = None  # wall time of the call in seconds, where it was measured (launch.serve)
 
     def __post_init__(self):
         # Lists would make the record unhashable and unequal to what the reader produces.
@@ -105,6 +106,8 @@ class Turn:
             obj["propensity"] = self.propensity
         if self.available is not None:
             obj["available"] = list(self.available)
+        if self.latency_s is not None:
+            obj["latency_s"] = self.latency_s
         obj["done"] = self.done
         return obj
 
@@ -113,7 +116,7 @@ _EPISODE_KEYS = ("episode_id", "task", "turns", "outcome")
 _TASK_KEYS = ("id", "prompt", "family")
 _TURN_KEYS = (
     "model", "response", "feedback", "prompt_tokens", "completion_tokens", "cost",
-    "propensity", "available", "done",
+    "propensity", "available", "latency_s", "done",
 )
 
 
@@ -236,6 +239,7 @@ def _turn_from_json(obj: Any, pool: ModelPool, where: Where, field: str) -> Turn
         done=False if done is MISSING else as_bool(done, where, prefix + "done"),
         propensity=propensity,
         available=available,
+        latency_s=optional(obj.get("latency_s", MISSING), as_number, where, prefix + "latency_s", minimum=0.0),
     )
 
 

@@ -1,0 +1,54 @@
+r"""Serves a trained router as an OpenAI-compatible proxy that routes every turn and records it for retraining.
+
+  python -m launch.serve --workdir=/tmp/rivet_mine --config=my_serve.py      # a copy of configs/serve.py
+
+Point an agent's OpenAI client at http://HOST:PORT/v1 (any model name); close each episode with
+POST /v1/episodes/<session>/outcome {"outcome": y}. The recorded <logdir>/episodes.jsonl trains as it is:
+python -m launch.train --config.data.episodes=<logdir>/episodes.jsonl --config.data.cards=... (README, "Serve").
+Needs the serve extra: pip install "rivet-jax[serve]" (or requirements.txt in a clone).
+"""
+
+import os
+
+from absl import flags, logging
+from ml_collections import config_flags
+
+from launch.common import run_app, run_reporting_user_errors
+from rivet_jax.router import Router
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/serve.py", "Serve config (configs/serve.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "The trained router's workdir (launch.train's).")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    del argv
+    from rivet_jax.serve.app import Proxy, serve  # the serve extra: imported here, so that --help works without it
+    from rivet_jax.serve.recorder import Recorder
+    from rivet_jax.serve.upstream import BackendConfigError, backends_from_config
+
+    config = _CONFIG.value
+
+    def start():
+        router = Router.from_checkpoint(_WORKDIR.value, stage=config.router_stage or None)
+        try:
+            backends = backends_from_config(config.backends.to_dict(), router.pool)
+        except BackendConfigError as error:
+            logging.error("BackendConfigError: %s", error)
+            raise SystemExit(1) from None
+        unserved = [name for name in router.pool.names if name not in backends]
+        if unserved:
+            logging.warning("pool models without a backend, never candidates: %s", ", ".join(unserved))
+        logdir = config.logdir or os.path.join(_WORKDIR.value, "serve")
+        proxy = Proxy(router, backends, Recorder(logdir, router.pool), config)
+        logging.info("routing %s on http://%s:%d/v1 (router: %d member(s), encoder %s); recording to %s",
+                     ", ".join(backends), config.host, config.port, router.members, router.encoder.fingerprint,
+                     logdir)
+        serve(proxy)
+
+    run_reporting_user_errors(start, config)
+
+
+if __name__ == "__main__":
+    run_app(main)

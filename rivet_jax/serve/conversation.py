@@ -1,0 +1,133 @@
+"""A chat-completions request -> what the router reads: the task, the completed turns, the episode's session id.
+
+The state is built by `data.converters.openai_chat.routing_state`, the very reading that converts logged
+conversations for training, so the served router sees exactly the texts it was trained on. Requests as clients
+send them carry more than logs do, and are first brought to that form (`converter_messages`):
+
+- `content` given as a list of parts (`[{"type": "text", "text": ...}, {"type": "image_url", ...}]`): the text
+  parts joined with a line break, any other part written as `[<type>]`;
+- the `developer` role (OpenAI's newer name for system) is a system message;
+- keys the routing state does not read (`name`, `refusal`, `annotations`, `audio`, ...) are dropped; a tool call
+  keeps its `id`, `type` and `function` (`name`, `arguments`);
+- several user messages before the first assistant message are one task, joined with a blank line.
+
+Anything else malformed is a `RequestError` (HTTP 400) naming the message and field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from rivet_jax.data.converters.openai_chat import routing_state
+from rivet_jax.data.validation import DataError
+
+__all__ = ["RequestError", "Conversation", "read_request", "session_id", "converter_messages"]
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+_KEPT_KEYS = {"system": ("role", "content"), "user": ("role", "content"),
+              "assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
+
+
+class RequestError(ValueError):
+    """A malformed request: answered with HTTP 400 and this message, nothing routed or recorded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversation:
+    """One chat-completions request as the router and the recorder read it."""
+
+    body: dict                        # the request body as sent (forwarded upstream with only `model` replaced)
+    task: str                         # the first user message(s): the task of the episode
+    history: list[dict[str, str]]     # one {"response", "feedback"} per assistant message so far
+    stream: bool
+    user: str | None                  # the OpenAI `user` field, a session id when no session header is sent
+
+
+def read_request(body: Any) -> Conversation:
+    """The parsed request; a RequestError for what the endpoint cannot serve."""
+    if not isinstance(body, Mapping):
+        raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+    if "messages" not in body:
+        raise RequestError("the request has no 'messages'")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(f"'stream' must be true or false, got {stream!r}")
+    if body.get("n", 1) not in (1, None):
+        raise RequestError(f"'n' must be 1: a routed turn is one call of one model, got {body.get('n')!r}")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestError(f"'user' must be a string, got {type(user).__name__}")
+    try:
+        task, history = routing_state(converter_messages(body["messages"]))
+    except DataError as error:
+        raise RequestError(f"{error.field}: {error.why}") from None
+    return Conversation(body=dict(body), task=task, history=history, stream=stream, user=user or None)
+
+
+def session_id(conversation: Conversation, header: str | None) -> str:
+    """The episode's session: the session header, else the `user` field, else a hash of the task (so a client that
+    sends neither still has its turns of one conversation joined into one episode)."""
+    if header:
+        return header
+    if conversation.user:
+        return conversation.user
+    return "task-" + hashlib.sha256(conversation.task.encode("utf-8")).hexdigest()[:16]
+
+
+def converter_messages(messages: Any) -> list[dict]:
+    """Request messages in the form `routing_state` reads (module docstring); RequestError when malformed."""
+    if not isinstance(messages, list):
+        raise RequestError(f"'messages' must be a list, got {type(messages).__name__}")
+    out: list[dict] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise RequestError(f"messages[{i}] must be an object, got {type(message).__name__}")
+        role = _ROLES.get(message.get("role"))
+        if role is None:
+            raise RequestError(f"messages[{i}].role: expected one of {', '.join(_ROLES)}, got {message.get('role')!r}")
+        kept = {key: message[key] for key in _KEPT_KEYS[role] if key in message}
+        kept["role"] = role
+        if "content" in kept:
+            kept["content"] = _text(kept["content"], f"messages[{i}].content")
+        if role == "assistant" and kept.get("tool_calls") is not None:
+            kept["tool_calls"] = [_tool_call(call, f"messages[{i}].tool_calls[{k}]")
+                                  for k, call in enumerate(_list(kept["tool_calls"], f"messages[{i}].tool_calls"))]
+        if role == "user" and out and out[-1]["role"] == "user" and not any(m["role"] == "assistant" for m in out):
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{kept.get('content') or ''}"}
+            continue
+        out.append(kept)
+    return out
+
+
+def _text(content: Any, field: str) -> str | None:
+    """A message's content as one string: a string as is, a list of parts joined (non-text parts as `[<type>]`)."""
+    if content is None or isinstance(content, str):
+        return content
+    parts = []
+    for k, part in enumerate(_list(content, field)):
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            raise RequestError(f"{field}[{k}] must be an object with a 'type'")
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"{field}[{k}].text must be a string")
+            parts.append(part["text"])
+        else:
+            parts.append(f"[{part['type']}]")
+    return "\n".join(parts)
+
+
+def _tool_call(call: Any, field: str) -> dict:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        raise RequestError(f"{field} must be an object with a 'function'")
+    function = call["function"]
+    return {"id": call.get("id"), "type": call.get("type", "function"),
+            "function": {"name": function.get("name"), "arguments": function.get("arguments")}}
+
+
+def _list(value: Any, field: str) -> list:
+    if not isinstance(value, list):
+        raise RequestError(f"{field} must be a list, got {type(value).__name__}")
+    return value

@@ -1,0 +1,326 @@
+"""The routing proxy over real HTTP on loopback (issue 16): fake upstreams, the official `openai` client, a trained
+tiny router. The proxy must choose what `Router.route` chooses on the same history, pass responses (streamed and
+not, tool calls included) through unchanged, fall back when a backend fails or hangs, and record every served turn
+in a file that validates and trains."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from configs import default, serve
+from rivet_jax import train
+from rivet_jax.data.converters.openai_chat import routing_state
+from rivet_jax.data.schema import read_episodes, write_model_cards
+from rivet_jax.router import Router
+from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.conversation import converter_messages
+from rivet_jax.serve.recorder import Recorder
+from rivet_jax.serve.upstream import Backend
+from rivet_jax.serve.fake import COMPLETION_TOKENS, ServerThread, answer, fake_upstream, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SERVED = ("apex-flash", "llama-70b", "quill-9b")   # three of the demo pool's six models have a backend
+TASK = "Find the capital of the country with the largest population in South America."
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A tiny router trained on the RouteSim demo corpus (its pool: six models, three of them served here)."""
+    workdir = tmp_path_factory.mktemp("router")
+    config = default.get_config("tiny")
+    config.data.demo = True
+    config.stage = "offline"
+    train.train(config, workdir)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def router(workdir) -> Router:
+    return Router.from_checkpoint(workdir)
+
+
+@pytest.fixture(scope="module")
+def upstreams():
+    """One fake upstream per served model; `modes[name]` switches it to failing or hanging."""
+    modes = {name: {} for name in SERVED}
+    servers = {name: ServerThread(fake_upstream(name, modes[name])) for name in SERVED}
+    for server in servers.values():
+        server.__enter__()
+    yield servers, modes
+    for server in servers.values():
+        server.__exit__()
+
+
+def serve_config(**overrides):
+    config = serve.get_config()
+    config.timeout_s = 1.0
+    config.cooloff_s = 600.0
+    config.update(overrides)
+    return config
+
+
+@pytest.fixture
+def proxy(router, upstreams, tmp_path):
+    """The proxy in a thread, recording into tmp_path/log; yields (base URL, Proxy)."""
+    servers, modes = upstreams
+    for mode in modes.values():
+        mode.clear()
+    backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in SERVED}
+    proxy = Proxy(router, backends, Recorder(tmp_path / "log", router.pool), serve_config())
+    with ServerThread(make_app(proxy)) as server:
+        yield server.url, proxy
+    proxy.recorder.close_files()
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def expected(router: Router, messages: list[dict], available=SERVED):
+    task, history = routing_state(converter_messages(messages))
+    return router.route(task, history, available=available)
+
+
+def test_a_multi_turn_conversation_is_routed_as_the_router_routes_it_and_recorded(proxy, router):
+    url, live = proxy
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TASK + " Use a tool."}]
+    session = {"x-rivet-session": "s-1"}
+    chosen = []
+    for turn in range(3):
+        raw = client(url).chat.completions.with_raw_response.create(model="rivet", messages=messages,
+                                                                    extra_headers=session)
+        decision = expected(router, messages)
+        model = raw.headers["x-rivet-model"]
+        assert model == decision.model
+        scores = json.loads(raw.headers["x-rivet-scores"])
+        assert set(scores) == set(SERVED)
+        for name, score in scores.items():
+            assert score == pytest.approx(decision.scores[name], abs=1e-5)
+        ranked = sorted(scores.values(), reverse=True)
+        assert float(raw.headers["x-rivet-margin"]) == pytest.approx(ranked[0] - ranked[1], abs=1e-5)
+        assert raw.headers["x-rivet-turn"] == str(turn) and raw.headers["x-rivet-propensity"] == "1.000000"
+        message = raw.parse().choices[0].message
+        assert message.model_dump(exclude_none=True, exclude={"refusal", "annotations"}) == {
+            key: value for key, value in answer(model, messages).items() if value is not None}  # passed unchanged
+        chosen.append(model)
+        if turn == 0:   # a tool call, answered by a tool message
+            assert message.tool_calls[0].function.name == "lookup"
+            messages += [message.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "Brasilia"}]
+        else:
+            messages += [message.model_dump(exclude_none=True), {"role": "user", "content": f"next {turn}"}]
+    done = httpx.post(f"{url}/v1/episodes/s-1/outcome", json={"outcome": 0.75})
+    assert done.status_code == 200 and done.json()["turns"] == 3
+
+    [episode] = read_episodes(live.recorder.episodes_path, router.pool).episodes
+    assert [t.model for t in episode.turns] == chosen and episode.outcome == 0.75
+    assert episode.task.prompt == TASK + " Use a tool."
+    assert episode.turns[0].response == "[tool_call call_0] lookup({\"q\": 1})"
+    assert episode.turns[0].feedback == "[tool call_0] Brasilia"
+    assert episode.turns[1].feedback == "[user] next 1" and episode.turns[2].feedback == ""
+    card = router.pool.cards[router.pool.index(chosen[1])]
+    assert episode.turns[1].prompt_tokens == 10 * 4                          # the 4 messages of the second call
+    assert episode.turns[1].cost == pytest.approx(
+        (card.price_in_per_mtok * 40 + card.price_out_per_mtok * COMPLETION_TOKENS) / 1e6)
+    assert all(t.propensity == 1.0 and set(t.available) == set(SERVED) and t.latency_s > 0 for t in episode.turns)
+
+
+def test_streaming_passes_the_stream_through_and_records_the_turn(proxy, router):
+    url, live = proxy
+    messages = [{"role": "user", "content": TASK}]
+    with client(url).chat.completions.with_streaming_response.create(
+            model="rivet", messages=messages, stream=True, extra_headers={"x-rivet-session": "s-stream"}) as raw:
+        model = raw.headers["x-rivet-model"]
+        chunks = list(raw.parse())
+    assert model == expected(router, messages).model
+    assert all(chunk.choices for chunk in chunks)   # the usage-only chunk the proxy asked for is not passed on
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == f"{model} answer 0"
+    [(_, episode)] = live.recorder.open.items()
+    assert episode.turns[0].response == f"{model} answer 0"
+    assert (episode.turns[0].prompt_tokens, episode.turns[0].completion_tokens) == (10, COMPLETION_TOKENS)
+
+    # a streamed tool call arrives in pieces; the client sees them as sent, the record joins them
+    messages += [{"role": "assistant", "content": f"{model} answer 0"}, {"role": "user", "content": "a tool now"}]
+    stream = client(url).chat.completions.create(model="rivet", messages=messages, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_headers={"x-rivet-session": "s-stream"})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == COMPLETION_TOKENS and not chunks[-1].choices  # asked for: kept
+    assert "".join(c.choices[0].delta.tool_calls[0].function.arguments or ""
+                   for c in chunks if c.choices and c.choices[0].delta.tool_calls) == '{"q": 1}'
+    assert live.recorder.open["s-stream"].turns[1].response == '[tool_call call_1] lookup({"q": 1})'
+    assert live.recorder.open["s-stream"].turns[0].feedback == "[user] a tool now"
+
+
+@pytest.mark.parametrize("fault", ["fail", "hang"])
+def test_a_failing_or_hanging_backend_is_passed_over_for_the_next_best(proxy, router, upstreams, fault):
+    url, live = proxy
+    _, modes = upstreams
+    messages = [{"role": "user", "content": TASK}]
+    decision = expected(router, messages)
+    modes[decision.model][fault] = True
+    runner_up = sorted(SERVED, key=lambda name: -decision.scores[name])[1]
+    raw = client(url).chat.completions.with_raw_response.create(model="rivet", messages=messages,
+                                                                extra_headers={"x-rivet-session": "s-fault"})
+    assert raw.headers["x-rivet-failed"] == decision.model and raw.headers["x-rivet-model"] == runner_up
+    assert raw.headers["x-rivet-propensity"] == "fallback"
+    assert raw.parse().choices[0].message.content == f"{runner_up} answer 0"
+    turn = live.recorder.open["s-fault"].turns[0]
+    assert turn.model == runner_up and turn.propensity is None and decision.model in turn.available
+    # down for the cool-off: the next request does not try it, and its availability no longer lists it
+    calls = modes[decision.model]["calls"]
+    messages += [{"role": "assistant", "content": f"{runner_up} answer 0"}, {"role": "user", "content": "more"}]
+    raw = client(url).chat.completions.with_raw_response.create(model="rivet", messages=messages,
+                                                                extra_headers={"x-rivet-session": "s-fault"})
+    assert modes[decision.model]["calls"] == calls and "x-rivet-failed" not in raw.headers
+    assert decision.model not in live.recorder.open["s-fault"].turns[1].available
+    assert raw.headers["x-rivet-model"] == expected(router, messages,
+                                                    [m for m in SERVED if m != decision.model]).model
+    assert httpx.get(f"{url}/healthz").json()["backends"][decision.model]["up"] is False
+
+
+def test_no_backend_left_is_a_clear_openai_error(proxy, upstreams):
+    url, live = proxy
+    _, modes = upstreams
+    for mode in modes.values():
+        mode["fail"] = True
+    with pytest.raises(openai.APIStatusError) as raised:
+        client(url).chat.completions.create(model="rivet", messages=[{"role": "user", "content": TASK}])
+    assert raised.value.status_code == 502 and "every candidate tried failed" in raised.value.message
+    assert not live.recorder.open
+    with pytest.raises(openai.APIStatusError) as raised:   # all three are down now
+        client(url).chat.completions.create(model="rivet", messages=[{"role": "user", "content": TASK}])
+    assert raised.value.status_code == 503 and "no candidate model is up" in raised.value.message
+    assert httpx.get(f"{url}/healthz").status_code == 503
+
+
+@pytest.mark.parametrize("body, headers, words", [
+    (b"{not json", {}, "not JSON"),
+    (b"[1, 2]", {}, "must be a JSON object"),
+    (json.dumps({"model": "rivet"}).encode(), {}, "no 'messages'"),
+    (json.dumps({"messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}]}).encode(), {}, "no call"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode(), {}, "'n' must be 1"),
+    (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), {}, "messages[0].role"),
+    (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), {}, "messages[0].content"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), {"x-rivet-candidates": "gpt-9"},
+     "gpt-9"),
+])
+def test_malformed_requests_get_400_with_a_message(proxy, body, headers, words):
+    url, live = proxy
+    response = httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    assert words in response.json()["error"]["message"]
+    assert not live.recorder.open
+
+
+def test_the_candidates_header_narrows_the_choice(proxy, router):
+    url, _ = proxy
+    messages = [{"role": "user", "content": TASK}]
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="rivet", messages=messages, extra_headers={"x-rivet-candidates": "quill-9b, llama-70b"})
+    assert set(json.loads(raw.headers["x-rivet-scores"])) == {"quill-9b", "llama-70b"}
+    assert raw.headers["x-rivet-model"] == expected(router, messages, ["quill-9b", "llama-70b"]).model
+
+
+def test_outcomes_are_checked(proxy):
+    url, _ = proxy
+    client(url).chat.completions.create(model="rivet", messages=[{"role": "user", "content": TASK}], user="u-9")
+    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1.5}).status_code == 400
+    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"score": 1}).status_code == 400
+    assert httpx.post(f"{url}/v1/episodes/nobody/outcome", json={"outcome": 1}).status_code == 404
+    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1}).json()["recorded_in"] == "episodes.jsonl"
+    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1}).status_code == 404  # closed already
+
+
+def test_the_recorded_file_validates_and_trains(proxy, router, tmp_path):
+    url, live = proxy
+    for k in range(3):
+        messages = [{"role": "user", "content": f"{TASK} (variant {k})"}]
+        for turn in range(2):
+            reply = client(url).chat.completions.create(model="rivet", messages=messages, user=f"user-{k}")
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"feedback {turn}"}]
+        httpx.post(f"{url}/v1/episodes/user-{k}/outcome", json={"outcome": k / 2}).raise_for_status()
+    cards = tmp_path / "cards.json"
+    write_model_cards(cards, router.pool)
+    validated = subprocess.run([sys.executable, "-m", "launch.validate_data",
+                                f"--episodes={live.recorder.episodes_path}", f"--cards={cards}"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert validated.returncode == 0, validated.stderr[-2000:]
+    config = default.get_config("tiny")
+    config.data.episodes, config.data.cards = str(live.recorder.episodes_path), str(cards)
+    config.optim.batch_size, config.mc_epochs, config.td_epochs = 4, 1, 1
+    state = train.train(config, tmp_path / "retrained")
+    assert int(state.step) > 0
+    assert Router.from_checkpoint(tmp_path / "retrained").pool.names == router.pool.names
+
+
+def test_a_killed_proxy_restarts_with_every_recorded_turn(workdir, upstreams, tmp_path):
+    servers, modes = upstreams
+    for mode in modes.values():
+        mode.clear()
+    port = free_port()
+    config = tmp_path / "serve_config.py"
+    backends = {name: {"base_url": servers[name].url + "/v1", "model": name, "api_key_env": ""} for name in SERVED}
+    config.write_text("from configs import serve\n\n\ndef get_config():\n    config = serve.get_config()\n"
+                      f"    config.backends = {backends!r}\n    config.port = {port}\n"
+                      f"    config.logdir = {str(tmp_path / 'log')!r}\n    return config\n")
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "launch.serve", f"--workdir={workdir}",
+                                    f"--config={config}"], cwd=REPO, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert process.poll() is None, process.stdout.read()[-3000:]
+            try:
+                httpx.get(f"{url}/healthz")
+                return process
+            except httpx.TransportError:
+                time.sleep(0.2)
+        process.kill()
+        raise AssertionError("launch.serve did not start")
+
+    messages = [{"role": "user", "content": TASK}]
+    process = start()
+    try:
+        for turn in range(2):
+            reply = client(url).chat.completions.create(model="rivet", messages=messages, user="killed")
+            messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                         {"role": "user", "content": f"feedback {turn}"}]
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    process = start()
+    try:
+        assert httpx.get(f"{url}/healthz").json()["open_episodes"] == 1
+        client(url).chat.completions.create(model="rivet", messages=messages, user="killed")
+        closed = httpx.post(f"{url}/v1/episodes/killed/outcome", json={"outcome": 1})
+        assert closed.status_code == 200 and closed.json()["turns"] == 3
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    [episode] = read_episodes(tmp_path / "log" / "episodes.jsonl", Router.from_checkpoint(workdir).pool).episodes
+    assert [t.feedback for t in episode.turns] == ["[user] feedback 0", "[user] feedback 1", ""]
+    assert [t.response for t in episode.turns[:2]] == [m["content"] for m in messages[1::2]]
+
+
+def test_the_serve_config_refuses_unknown_backends_at_start(workdir, tmp_path):
+    config = tmp_path / "bad.py"
+    config.write_text("from configs import serve\n\n\ndef get_config():\n    config = serve.get_config()\n"
+                      "    config.backends = {'gpt-9': {'base_url': 'http://127.0.0.1:9/v1', 'model': 'x'}}\n"
+                      "    return config\n")
+    result = subprocess.run([sys.executable, "-m", "launch.serve", f"--workdir={workdir}", f"--config={config}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert result.returncode == 1
+    assert "backends ['gpt-9'] are not models of the router's pool" in result.stderr
+    assert "Traceback" not in result.stderr
