@@ -27,6 +27,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.session_header = "x-rivet-session"
     config.epsilon = 0.0                # per-turn exploration: a uniformly random candidate with this probability
     config.seed = 0                     # of the exploration draws
+    # Where Q_route is computed: "auto" (on the event loop for the hashing encoder, whose ~1 ms holds the GIL
+    # anyway; in a thread for the neural encoders, so that their tens of ms do not stall other requests), or
+    # "inline" / "thread".
+    config.scoring = "auto"
     config.max_attempts = 3             # candidates tried per request before answering 502
     config.timeout_s = 120.0            # an upstream call's read timeout (a hang is a fault)
     config.connect_timeout_s = 5.0

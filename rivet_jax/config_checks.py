@@ -91,6 +91,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "port": (lambda v: _integer(v) and 0 <= v <= 65535, "a TCP port in [0, 65535]"),
     "epsilon": (_in(0.0, 1.0), "a probability in [0, 1]"),
     "max_attempts": (_at_least(1), "an integer >= 1"),
+    "scoring": (lambda v: v in ("auto", "inline", "thread"), "'auto', 'inline' or 'thread'"),
     "timeout_s": (_in(0.0, math.inf, low_open=True), "seconds > 0"),
     "connect_timeout_s": (_in(0.0, math.inf, low_open=True), "seconds > 0"),
     "cooloff_s": (_in(0.0, math.inf), "seconds >= 0"),

@@ -25,8 +25,9 @@ import numpy as np
 from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features, placeholder_cards
 from rivet_jax.data.schema import ModelPool, Turn
-from rivet_jax.data.serialize import serialize_state
+from rivet_jax.data.serialize import serialize_state, state_blocks
 from rivet_jax.encoders import Encoder, make_encoder
+from rivet_jax.encoders.base import encode_states
 from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
 
 # A history turn: a Turn, or any mapping with "response" and "feedback".
@@ -189,8 +190,9 @@ class Router:
                 raise ValueError(f"available has {len(available)} entries for {len(states)} states: give one "
                                  f"availability (a list of names, or None) per state")
             mask = np.stack([self.available_mask(a) for a in available]) if states else None
-        texts = [self.state_text(task, history) for task, history in states]
-        return self.scores_from_embeddings(self.encoder.encode(texts), mask)
+        blocks = [state_blocks(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+                  for task, history in states]
+        return self.scores_from_embeddings(encode_states(self.encoder, blocks), mask)
 
     def route(self, task: str, history: Sequence[HistoryTurn] = (),
               available: Iterable[str] | None = None) -> RouteDecision:
@@ -219,9 +221,9 @@ class RouterGroup:
     def scores(self, runs: Sequence[int], states: Sequence[Sequence[tuple[str, Sequence[HistoryTurn]]]],
                available: Sequence[Sequence[Sequence[str]]]) -> list[np.ndarray]:
         """Q_route (B_k, M) of run `runs[k]` on its states `states[k]`; unavailable candidates get -inf."""
-        texts = [serialize_state(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
-                 for group in states for task, history in group]
-        h = np.asarray(self.encoder.encode(texts), np.float32)                                       # (sum B_k, D)
+        blocks = [state_blocks(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+                  for group in states for task, history in group]
+        h = np.asarray(encode_states(self.encoder, blocks), np.float32)                              # (sum B_k, D)
         rows = pad_rows(np.zeros(max(len(group) for group in states)))
         stacked = np.zeros((self.size, len(rows), h.shape[1]), np.float32)                           # (R, B, D)
         offsets = np.cumsum([0] + [len(group) for group in states])

@@ -77,3 +77,17 @@ def test_scaling_curves_measure_every_point_and_clean_up(tmp_path):
     assert not list(tmp_path.iterdir())  # the memory-mapped tables were deleted
     benchmark.plot_scaling(scaling, tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_the_proxy_overhead_benchmark_measures_every_request_of_every_scenario():
+    from configs import serve
+    from rivet_jax.bench.serve import format_serve_rows, serve_overhead
+
+    result = serve_overhead(default.get_config("tiny"), serve.get_config(), encoders=("hashing",),
+                            scenarios=((1, 0.0), (2, 0.01)), conversations=2, turns=3, feedback_words=20)
+    rows = result["hashing"]
+    assert [(r["clients"], r["upstream_latency_s"], r["requests"]) for r in rows.values()] == [(1, 0.0, 6),
+                                                                                                (2, 0.01, 6)]
+    assert all(0 < r["p50_ms"] <= r["p99_ms"] and r["requests_per_s"] > 0 for r in rows.values())
+    assert [name for name, _, _ in format_serve_rows(result)] == ["hashing, 1 client, upstream 0 s",
+                                                                  "hashing, 2 clients, upstream 0.01 s"]

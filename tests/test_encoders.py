@@ -319,3 +319,38 @@ def test_bad_encoder_output_is_refused_naming_the_encoder(make_output, message, 
         store.embed(["a", "b"])
     assert "'broken'" in str(error.value)
     assert not list(store.cache_path.glob("shard-*.npz"))  # nothing bad reached the disk
+
+
+def test_encoding_a_state_by_its_blocks_is_bit_for_bit_encoding_its_text():
+    """encode_blocks reuses each block's cached tokens; the vectors must be the joined text's exactly, Greek final
+    sigma at block edges, punctuation against the separator and empty blocks included."""
+    from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
+    from rivet_jax.encoders.base import encode_states
+    from rivet_jax.data.schema import Turn
+
+    rng = np.random.default_rng(0)
+    alphabet = list("abcΣσς ΟΔΟΣ.,!?-_0123 \t\n") + ["ΟΔΟΣ", "x\n", "\n", "Straße", "İ"]
+    encoder = HashingEncoder(dim=256, ngram_range=(1, 3))
+    states = [["".join(rng.choice(alphabet, size=rng.integers(0, 12))) for _ in range(rng.integers(1, 6))]
+              for _ in range(300)]
+    states += [["ΟΔΟΣ", "ΣΑ", ""], ["end.", "!start"], ["", ""]]
+    joined = encoder.encode([BLOCK_SEPARATOR.join(blocks) for blocks in states])
+    np.testing.assert_array_equal(encode_states(encoder, states), joined)
+    np.testing.assert_array_equal(encode_states(encoder, states), joined)      # again, from the cache
+    # and a conversation's states, as the router builds them
+    turns = [Turn("m", f"response {k} ΟΔΟΣ", f"feedback {k}!", 1, 1, 0.0) for k in range(6)]
+    blocks = [state_blocks("Task ΣΑΣ", turns[:t], encoder.count_tokens, 40) for t in range(7)]
+    np.testing.assert_array_equal(encode_states(encoder, blocks),
+                                  encoder.encode([BLOCK_SEPARATOR.join(b) for b in blocks]))
+
+
+def test_the_block_token_cache_is_bounded(monkeypatch):
+    from rivet_jax.encoders import hashing
+
+    monkeypatch.setattr(hashing, "BLOCK_CACHE_TOKENS", 10)
+    encoder = HashingEncoder(dim=16)
+    for k in range(20):
+        assert encoder.count_tokens(f"a b c {k}") == 4
+    assert encoder._cached_tokens <= 10 and len(encoder._blocks) == 2
+    assert encoder.count_tokens("one two three four five six seven eight nine ten eleven") == 11   # too big: uncached
+    assert "one two three four five six seven eight nine ten eleven" not in encoder._blocks

@@ -19,6 +19,7 @@ TokenCounter = Callable[[str], int]
 
 DEFAULT_MAX_TOKENS = 16_384
 ALWAYS_KEPT_TURNS = 2  # the two latest complete turns are kept whatever their length
+BLOCK_SEPARATOR = "\n\n"
 
 
 def _task_block(prompt: str) -> str:
@@ -40,7 +41,19 @@ def serialize_state(
     count_tokens: TokenCounter,
     max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> str:
-    """Text of the state before the next call: task + history, newest turns kept first.
+    """Text of the state before the next call: task + history, newest turns kept first (`state_blocks` joined)."""
+    return BLOCK_SEPARATOR.join(state_blocks(task_prompt, history, count_tokens, max_tokens))
+
+
+def state_blocks(
+    task_prompt: str,
+    history: Sequence[Turn],
+    count_tokens: TokenCounter,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> list[str]:
+    """The blocks the state's text joins with BLOCK_SEPARATOR: the task, an omission note if earlier turns were
+    dropped, then one block per kept turn. A growing conversation's states share most of their blocks, which an
+    encoder may use (`HashingEncoder.encode_blocks`).
 
     Args:
         task_prompt: the task text.
@@ -62,7 +75,7 @@ def serialize_state(
     if kept_from > 0:
         parts.append(_omitted_block(kept_from))
     parts.extend(blocks[kept_from:])
-    return "\n\n".join(parts)
+    return parts
 
 
 def episode_state_texts(

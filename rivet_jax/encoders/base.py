@@ -17,6 +17,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from rivet_jax.data.serialize import BLOCK_SEPARATOR
+
 
 @runtime_checkable
 class Encoder(Protocol):
@@ -87,3 +89,13 @@ def check_encoder_output(encoder: Encoder, vectors: object, num_texts: int) -> n
         bad_rows = np.flatnonzero(~np.all(np.isfinite(vectors), axis=1))
         raise ValueError(f"{where} returned non-finite values in rows {bad_rows[:10].tolist()}")
     return vectors
+
+
+def encode_states(encoder: Encoder, states: Sequence[Sequence[str]]) -> np.ndarray:
+    """(N, dim) vectors of states given as their blocks (`data.serialize.state_blocks`): the encoder's
+    `encode_blocks` where it has one (the same vectors with less work: the hashing encoder reuses each block's
+    tokens across the states of a conversation), else `encode` of the joined texts."""
+    encode_blocks = getattr(encoder, "encode_blocks", None)
+    if encode_blocks is not None:
+        return encode_blocks(states)
+    return encoder.encode([BLOCK_SEPARATOR.join(blocks) for blocks in states])

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from itertools import filterfalse
 
@@ -37,6 +38,10 @@ HASHING_VERSION = 1
 # The memo is cleared when it reaches this many features, bounding memory on
 # huge corpora while keeping the common (repeating) features hot.
 MAX_MEMO_ENTRIES = 2**21
+# Tokens of recently seen state blocks, up to this many tokens in all (least recently used dropped first):
+# serialization counts the tokens of every block of a state, and the states of a growing conversation repeat
+# their blocks, so each is tokenized once (`count_tokens`, `encode_blocks`).
+BLOCK_CACHE_TOKENS = 2**20
 
 
 def feature_bucket_and_sign(feature: str, dim: int) -> tuple[int, int]:
@@ -84,6 +89,9 @@ class HashingEncoder:
         # feature -> packed (bucket, sign); texts repeat features a lot, and
         # the hash is the costliest step per feature.
         self._memo: dict[str, int] = {}
+        self._blocks: OrderedDict[str, tuple[str, ...]] = OrderedDict()   # block text -> its tokens (LRU)
+        self._cached_tokens = 0
+        self._blocks_lock = threading.Lock()
 
     @property
     def fingerprint(self) -> str:
@@ -101,13 +109,43 @@ class HashingEncoder:
         return self._token_regex.findall(text)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
+        return len(self._block_tokens(text))
 
     def features(self, text: str) -> list[str]:
         """All n-gram features of `text` for n in ngram_range, with repeats."""
-        tokens = self.tokenize(text)
+        return self._features_of(self.tokenize(text))
+
+    def _features_of(self, tokens: Sequence[str]) -> list[str]:
         low, high = self.ngram_range
         return [feature for n in range(low, high + 1) for feature in ngrams(tokens, n)]
+
+    def encode_blocks(self, states: Sequence[Sequence[str]]) -> np.ndarray:
+        """`encode` of each state's blocks joined by BLOCK_SEPARATOR (`data.serialize.state_blocks`), the same vectors
+        bit for bit, with each block's tokens reused from the cache: no token spans the whitespace separator, and
+        lowercasing a block alone equals lowercasing it inside the joined text (the separator ends every case
+        context), so the joined text's tokens are the blocks' tokens in order."""
+        vectors = np.zeros((len(states), self.dim), dtype=np.float64)  # (N, dim)
+        for row, blocks in enumerate(states):
+            tokens = [token for block in as_text_list(blocks) for token in self._block_tokens(block)]
+            vectors[row] = self._vector_of(self._features_of(tokens))
+        return l2_normalise_rows(vectors).astype(np.float32)
+
+    def _block_tokens(self, block: str) -> tuple[str, ...]:
+        """The tokens of `block`, from the LRU cache or tokenized now (and cached while the budget allows)."""
+        with self._blocks_lock:
+            tokens = self._blocks.get(block)
+            if tokens is not None:
+                self._blocks.move_to_end(block)
+                return tokens
+        tokens = tuple(self.tokenize(block))
+        with self._blocks_lock:
+            if block not in self._blocks and len(tokens) <= BLOCK_CACHE_TOKENS:
+                self._blocks[block] = tokens
+                self._cached_tokens += len(tokens)
+                while self._cached_tokens > BLOCK_CACHE_TOKENS:
+                    _, dropped = self._blocks.popitem(last=False)
+                    self._cached_tokens -= len(dropped)
+        return tokens
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(N, dim) float32, row i the L2-normalised hashed features of texts[i]."""
@@ -121,7 +159,10 @@ class HashingEncoder:
 
     def _unnormalised_vector(self, text: str) -> np.ndarray:
         """(dim,) float64 sum of sign * (1 + ln count) over the features of `text`."""
-        counts = Counter(self.features(text))
+        return self._vector_of(self.features(text))
+
+    def _vector_of(self, features: list[str]) -> np.ndarray:
+        counts = Counter(features)
         num_features = len(counts)
         if num_features == 0:
             return np.zeros(self.dim)

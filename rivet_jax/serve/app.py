@@ -70,13 +70,17 @@ class Proxy:
         self.rng = np.random.default_rng(self.config.seed)
         self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
         self._draining = False
+        # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
+        # overlap nothing; a neural encoder's tens of ms would stall every other request's I/O on the event loop.
+        mode = self.config.get("scoring", "auto")
+        self._in_thread = mode == "thread" or (mode == "auto" and self.router.encoder.name != "hashing")
 
     async def scores(self, conversation: Conversation, candidates: list[str]) -> dict[str, float]:
         """Q_route of each candidate at this conversation's state.
 
         Requests that arrive while a scoring runs are scored together next, in one encoder pass and one network call
-        (in a thread beside the event loop): one scoring at a time, since the neural encoders' tokenizers are not
-        thread-safe and on CPU concurrent scorings would only share the same cores."""
+        (`config.scoring`: on the event loop, or in a thread beside it): one scoring at a time, since the neural
+        encoders' tokenizers are not thread-safe and on CPU concurrent scorings would only share the same cores."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append((conversation, candidates, future))
         if not self._draining:
@@ -89,9 +93,9 @@ class Proxy:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    rows = await asyncio.to_thread(self._score_batch, batch)
+                    rows = await self._run(self._score_batch, batch)
                 except Exception:  # noqa: BLE001 - one bad state must not fail the others: each alone
-                    rows = [await asyncio.to_thread(self._score_one, item) for item in batch]
+                    rows = [await self._run(self._score_one, item) for item in batch]
                 for (_, _, future), row in zip(batch, rows):
                     if isinstance(row, BaseException):
                         future.set_exception(row)
@@ -99,6 +103,11 @@ class Proxy:
                         future.set_result(row)
         finally:
             self._draining = False
+
+    async def _run(self, function, argument):
+        if self._in_thread:
+            return await asyncio.to_thread(function, argument)
+        return function(argument)
 
     def _score_batch(self, batch) -> list[dict[str, float]]:
         q = self.router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
