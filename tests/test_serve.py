@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import httpx
@@ -232,12 +233,16 @@ def test_the_candidates_header_narrows_the_choice(proxy, router):
 
 def test_outcomes_are_checked(proxy):
     url, _ = proxy
-    client(url).chat.completions.create(model="rivet", messages=[{"role": "user", "content": TASK}], user="u-9")
-    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1.5}).status_code == 400
-    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"score": 1}).status_code == 400
+    session = "u-9 ü/用户"     # any text: quoted in the header and in the outcome's path
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="rivet", messages=[{"role": "user", "content": TASK}], user=session)
+    assert urllib.parse.unquote(raw.headers["x-rivet-session"]) == session
+    path = f"{url}/v1/episodes/{urllib.parse.quote(session, safe='')}/outcome"
+    assert httpx.post(path, json={"outcome": 1.5}).status_code == 400
+    assert httpx.post(path, json={"score": 1}).status_code == 400
     assert httpx.post(f"{url}/v1/episodes/nobody/outcome", json={"outcome": 1}).status_code == 404
-    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1}).json()["recorded_in"] == "episodes.jsonl"
-    assert httpx.post(f"{url}/v1/episodes/u-9/outcome", json={"outcome": 1}).status_code == 404  # closed already
+    assert httpx.post(path, json={"outcome": 1}).json()["recorded_in"] == "episodes.jsonl"
+    assert httpx.post(path, json={"outcome": 1}).status_code == 404  # closed already
 
 
 def test_the_recorded_file_validates_and_trains(proxy, router, tmp_path):

@@ -13,7 +13,7 @@ response goes back as the upstream sent it, with headers:
 
     x-rivet-model       the model that answered        x-rivet-scores   {"model": Q_route} of every candidate (JSON)
     x-rivet-margin      best minus runner-up Q_route   x-rivet-propensity  the answering model's probability
-    x-rivet-session     the episode's session          x-rivet-turn     the turn's index in the conversation
+    x-rivet-session     the episode's session (URL-quoted)  x-rivet-turn  the turn's index in the conversation
     x-rivet-failed      the models that faulted first  x-rivet-routing-ms  request in -> first upstream call out
 
 The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends).
@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 
 import httpx
@@ -167,6 +168,7 @@ def make_app(proxy: Proxy) -> Starlette:
         finally:
             expiry.cancel()
             await app.state.client.aclose()
+            proxy.recorder.close_files()
 
     routes = [Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
               Route("/v1/models", _models, methods=["GET"]),
@@ -324,7 +326,9 @@ def _requested(header: str | None, proxy: Proxy) -> list[str] | None:
 
 
 def _headers(choice: Choice, name: str, session: str, turn: int, failed: list[str], routing_ms: float) -> dict:
-    headers = {"x-rivet-model": name, "x-rivet-session": session, "x-rivet-turn": str(turn),
+    # The session is the client's own string (a `user` field may hold any text); headers carry latin-1 only.
+    headers = {"x-rivet-model": name, "x-rivet-session": urllib.parse.quote(session, safe=""),
+               "x-rivet-turn": str(turn),
                "x-rivet-scores": json.dumps({m: round(v, 6) for m, v in choice.scores.items()}),
                "x-rivet-margin": "" if choice.margin is None else f"{choice.margin:.6f}",
                "x-rivet-propensity": f"{choice.propensity:.6f}" if name == choice.order[0] else "fallback",

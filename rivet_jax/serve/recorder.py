@@ -74,7 +74,8 @@ class Recorder:
         self._wal = open(self.wal_path, "a", encoding="utf-8")
 
     def close_files(self) -> None:
-        self._wal.close()
+        with self._lock:
+            self._wal.close()
 
     # ------------------------------------------------------------------------------------------- per request
 
