@@ -3,6 +3,7 @@ tiny router. The proxy must choose what `Router.route` chooses on the same histo
 not, tool calls included) through unchanged, fall back when a backend fails or hangs, and record every served turn
 in a file that validates and trains."""
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -68,17 +69,17 @@ def serve_config(**overrides):
     return config
 
 
-@pytest.fixture
-def proxy(router, upstreams, tmp_path):
-    """The proxy in a thread, recording into tmp_path/log; yields (base URL, Proxy)."""
+@pytest.fixture(params=["inline"])
+def proxy(request, router, upstreams, tmp_path):
+    """The proxy in a thread, recording into tmp_path/log; yields (base URL, Proxy). Parametrised by where it
+    scores (`config.scoring`): a test may ask for "thread" too (indirect parametrisation)."""
     servers, modes = upstreams
     for mode in modes.values():
         mode.clear()
     backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in SERVED}
-    proxy = Proxy(router, backends, Recorder(tmp_path / "log", router.pool), serve_config())
+    proxy = Proxy(router, backends, Recorder(tmp_path / "log", router.pool), serve_config(scoring=request.param))
     with ServerThread(make_app(proxy)) as server:
         yield server.url, proxy
-    proxy.recorder.close_files()
 
 
 def client(url: str) -> openai.OpenAI:
@@ -132,6 +133,21 @@ def test_a_multi_turn_conversation_is_routed_as_the_router_routes_it_and_recorde
     assert episode.turns[1].cost == pytest.approx(
         (card.price_in_per_mtok * 40 + card.price_out_per_mtok * COMPLETION_TOKENS) / 1e6)
     assert all(t.propensity == 1.0 and set(t.available) == set(SERVED) and t.latency_s > 0 for t in episode.turns)
+
+
+@pytest.mark.parametrize("proxy", ["inline", "thread"], indirect=True)
+def test_concurrent_requests_are_each_routed_as_the_router_routes_them(proxy, router):
+    """Sixteen requests at once: in a thread they are scored in batches; every answer must still be its own."""
+    url, live = proxy
+    conversations = [[{"role": "user", "content": f"{TASK} Variant {k}: " + "step " * (5 * k)}] for k in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        replies = list(pool.map(lambda m: httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                                                     json={"model": "rivet", "messages": m}), conversations))
+    for messages, reply in zip(conversations, replies):
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-rivet-model"] == expected(router, messages).model
+        assert reply.json()["choices"][0]["message"]["content"] == f"{reply.headers['x-rivet-model']} answer 0"
+    assert len(live.recorder.open) == 16
 
 
 def test_streaming_passes_the_stream_through_and_records_the_turn(proxy, router):

@@ -79,9 +79,12 @@ class Proxy:
     async def scores(self, conversation: Conversation, candidates: list[str]) -> dict[str, float]:
         """Q_route of each candidate at this conversation's state.
 
-        Requests that arrive while a scoring runs are scored together next, in one encoder pass and one network call
-        (`config.scoring`: on the event loop, or in a thread beside it): one scoring at a time, since the neural
-        encoders' tokenizers are not thread-safe and on CPU concurrent scorings would only share the same cores."""
+        On the event loop (`config.scoring`), at once: nothing else runs meanwhile. In a thread, one scoring at a
+        time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
+        the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
+        and one network call."""
+        if not self._in_thread:
+            return self._score_batch([(conversation, candidates, None)])[0]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((conversation, candidates, future))
         if not self._draining:
@@ -94,9 +97,9 @@ class Proxy:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    rows = await self._run(self._score_batch, batch)
+                    rows = await asyncio.to_thread(self._score_batch, batch)
                 except Exception:  # noqa: BLE001 - one bad state must not fail the others: each alone
-                    rows = [await self._run(self._score_one, item) for item in batch]
+                    rows = [await asyncio.to_thread(self._score_one, item) for item in batch]
                 for (_, _, future), row in zip(batch, rows):
                     if isinstance(row, BaseException):
                         future.set_exception(row)
@@ -104,11 +107,6 @@ class Proxy:
                         future.set_result(row)
         finally:
             self._draining = False
-
-    async def _run(self, function, argument):
-        if self._in_thread:
-            return await asyncio.to_thread(function, argument)
-        return function(argument)
 
     def _score_batch(self, batch) -> list[dict[str, float]]:
         q = self.router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
