@@ -26,17 +26,13 @@ def main(argv):
     del argv
     from rivet_jax.serve.app import Proxy, serve  # the serve extra: imported here, so that --help works without it
     from rivet_jax.serve.recorder import Recorder
-    from rivet_jax.serve.upstream import BackendConfigError, backends_from_config
+    from rivet_jax.serve.upstream import backends_from_config
 
     config = _CONFIG.value
 
     def start():
         router = Router.from_checkpoint(_WORKDIR.value, stage=config.router_stage or None)
-        try:
-            backends = backends_from_config(config.backends.to_dict(), router.pool)
-        except BackendConfigError as error:
-            logging.error("BackendConfigError: %s", error)
-            raise SystemExit(1) from None
+        backends = backends_from_config(config.backends.to_dict(), router.pool)  # a ConfigError: one line
         unserved = [name for name in router.pool.names if name not in backends]
         if unserved:
             logging.warning("pool models without a backend, never candidates: %s", ", ".join(unserved))

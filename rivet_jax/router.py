@@ -25,7 +25,7 @@ import numpy as np
 from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features, placeholder_cards
 from rivet_jax.data.schema import ModelPool, Turn
-from rivet_jax.data.serialize import serialize_state, state_blocks
+from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
 from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
@@ -158,7 +158,7 @@ class Router:
     # ------------------------------------------------------------------------------------------------ scoring
 
     def state_text(self, task: str, history: Sequence[HistoryTurn]) -> str:
-        return serialize_state(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
+        return BLOCK_SEPARATOR.join(_blocks(self.encoder, self.config, task, history))
 
     def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
         return availability_mask(self.pool, available)
@@ -190,8 +190,7 @@ class Router:
                 raise ValueError(f"available has {len(available)} entries for {len(states)} states: give one "
                                  f"availability (a list of names, or None) per state")
             mask = np.stack([self.available_mask(a) for a in available]) if states else None
-        blocks = [state_blocks(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
-                  for task, history in states]
+        blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
         return self.scores_from_embeddings(encode_states(self.encoder, blocks), mask)
 
     def route(self, task: str, history: Sequence[HistoryTurn] = (),
@@ -221,8 +220,7 @@ class RouterGroup:
     def scores(self, runs: Sequence[int], states: Sequence[Sequence[tuple[str, Sequence[HistoryTurn]]]],
                available: Sequence[Sequence[Sequence[str]]]) -> list[np.ndarray]:
         """Q_route (B_k, M) of run `runs[k]` on its states `states[k]`; unavailable candidates get -inf."""
-        blocks = [state_blocks(task, as_history(history), self.encoder.count_tokens, self.config.max_state_tokens)
-                  for group in states for task, history in group]
+        blocks = [_blocks(self.encoder, self.config, task, history) for group in states for task, history in group]
         h = np.asarray(encode_states(self.encoder, blocks), np.float32)                              # (sum B_k, D)
         rows = pad_rows(np.zeros(max(len(group) for group in states)))
         stacked = np.zeros((self.size, len(rows), h.shape[1]), np.float32)                           # (R, B, D)
@@ -242,6 +240,12 @@ class RouterGroup:
         return [[member.pick(self.pool.names[int(np.argmax(row))], available, rng)
                  for row, (_, _, available, rng) in zip(q_member, requests)]
                 for (member, requests), q_member in zip(members, q)]
+
+
+def _blocks(encoder: Encoder, config: ml_collections.ConfigDict, task: str,
+            history: Sequence[HistoryTurn]) -> list[str]:
+    """The state's blocks (`serialize.state_blocks`), serialized exactly as in training."""
+    return state_blocks(task, as_history(history), encoder.count_tokens, config.max_state_tokens)
 
 
 def _check_finite_params(params: dict, source) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 import urllib.parse
@@ -129,6 +130,17 @@ class Proxy:
             self.router.scores_from_embeddings(self.router.encoder.encode([long_state] * size))
             size *= 2
 
+    def fault(self, name: str, why: str) -> None:
+        """A backend failed a call: down for the cool-off."""
+        logging.warning("backend %s faulted (%s); down for %g s", name, why, self.config.cooloff_s)
+        self.health.mark_down(name, why)
+
+    async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice,
+                     candidates: list[str], session: str, start: float) -> None:
+        """Records the turn `name` served (its call began at perf_counter `start`), fsynced before returning."""
+        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start)
+        await asyncio.to_thread(self.recorder.record, session, conversation.task, len(conversation.history), turn)
+
     def turn(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, candidates: list[str],
              latency_s: float) -> Turn:
         """The served turn as the trajectory schema records it (feedback arrives with the next request)."""
@@ -178,8 +190,8 @@ def make_app(proxy: Proxy) -> Starlette:
 
 
 def serve(proxy: Proxy) -> None:
-    """Serves the proxy on `config.host:config.port` until interrupted (uvicorn, one process: the router's scoring
-    runs in a thread beside the event loop, and the recorder is the one writer of its files)."""
+    """Serves the proxy on `config.host:config.port` until interrupted (uvicorn, one process: the recorder is the one
+    writer of its files)."""
     proxy.warm_up()
     uvicorn.run(make_app(proxy), host=proxy.config.host, port=proxy.config.port, log_level="warning")
 
@@ -218,29 +230,26 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         try:
             reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
         except UpstreamFault as fault:
-            logging.warning("backend %s faulted (%s); down for %g s", name, fault, proxy.config.cooloff_s)
-            proxy.health.mark_down(name, str(fault))
+            proxy.fault(name, str(fault))
             failed.append(name)
             continue
         headers = _headers(choice, name, session, len(conversation.history), failed, routing_ms)
         if reply.status != 200:  # the request's own fault: passed on, not recorded
             return Response(reply.body, status_code=reply.status, headers=headers, media_type="application/json")
         await observed
+        served = functools.partial(proxy.record, name, reply, conversation, choice, candidates, session, start)
         if conversation.stream:
-            return StreamingResponse(_record_when_done(proxy, reply, name, conversation, choice, candidates,
-                                                       session, start),
-                                     headers=headers, media_type="text/event-stream")
-        turn = proxy.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start)
-        await asyncio.to_thread(proxy.recorder.record, session, conversation.task, len(conversation.history), turn)
+            return StreamingResponse(_record_when_done(reply, name, proxy, served), headers=headers,
+                                     media_type="text/event-stream")
+        await served()
         return Response(reply.body, status_code=200, headers=headers, media_type="application/json")
     return _error(502, "every candidate tried failed: " + "; ".join(
         f"{name}: {proxy.health.last_fault.get(name)}" for name in failed), "upstream_error")
 
 
-async def _record_when_done(proxy: Proxy, reply: Reply, name: str, conversation: Conversation, choice: Choice,
-                            candidates: list[str], session: str, start: float) -> AsyncIterator[bytes]:
-    """The upstream's events, passed on; the last one held back until the turn is recorded, so that a client that
-    has read the whole stream finds its turn recorded, as with a plain response."""
+async def _record_when_done(reply: Reply, name: str, proxy: Proxy, record) -> AsyncIterator[bytes]:
+    """The upstream's events, passed on; the last one held back until the turn is recorded (`record()`), so that a
+    client that has read the whole stream finds its turn recorded, as with a plain response."""
     held = None
     try:
         async for event in reply.events:
@@ -248,11 +257,9 @@ async def _record_when_done(proxy: Proxy, reply: Reply, name: str, conversation:
                 yield held
             held = event
     except httpx.HTTPError as error:  # broken mid-stream: the client saw part of a response; nothing is recorded
-        logging.warning("backend %s broke off a stream (%s); down for %g s", name, error, proxy.config.cooloff_s)
-        proxy.health.mark_down(name, f"stream broken: {type(error).__name__}")
+        proxy.fault(name, f"stream broken: {type(error).__name__} {error}")
         return
-    turn = proxy.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start)
-    await asyncio.to_thread(proxy.recorder.record, session, conversation.task, len(conversation.history), turn)
+    await record()
     if held is not None:
         yield held
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.model_pool import ModelPool
 
@@ -29,8 +30,8 @@ __all__ = ["Backend", "BackendConfigError", "backends_from_config", "Health", "U
 _FAULT_STATUSES = {401, 403, 404, 408, 429}
 
 
-class BackendConfigError(ValueError):
-    """The configured backends cannot serve the router's pool (refused at start, one line)."""
+class BackendConfigError(ConfigError):
+    """The configured backends cannot serve the router's pool (refused at start, one line, as any ConfigError)."""
 
 
 class UpstreamFault(Exception):
