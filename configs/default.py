@@ -23,7 +23,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.stage = "offline"  # mc | td | online | offline (mc then td) | all (mc, td, online)
     config.seed = 42
     config.devices = 1  # data-parallel devices for training (0 = every visible device); batch size must divide
-    # Runs trained together (rivet_jax/run_group.py: seeds, ablations, a lambda sweep) share one compiled program;
+    # Runs trained together (rivet_jax/engine.py: seeds, ablations, a lambda sweep) share one compiled program;
     # this many are vmapped into each step (0 = all). -1: all on GPU/TPU, one at a time on CPU, where a single
     # update is already compute-bound (27 vmapped runs measured 0.8x one run's steps/s on 2 cores).
     config.runs_vmapped = -1

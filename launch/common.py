@@ -18,13 +18,12 @@ from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.run_identity import flatten
 from rivet_jax.corpus import NoCorpusError
 from rivet_jax.data.schema import DataError
-from rivet_jax.learner import NonFiniteLossError
 from rivet_jax.workdir_lock import WorkdirBusyError
 
 # Errors about the user's data, workdir or checkpoints: one clear line and exit status 1, not a traceback.
-USER_ERRORS = (DataError, checkpointing.CheckpointMismatchError, NonFiniteLossError, NoCorpusError,
+USER_ERRORS = (DataError, checkpointing.CheckpointMismatchError, checkpointing.NonFiniteError, NoCorpusError,
                FileNotFoundError, ConfigError, checkpointing.ConfigChangedError, checkpointing.DamagedCheckpointError,
-               checkpointing.NonFiniteParamsError, WorkdirBusyError)
+               WorkdirBusyError)
 _HELP = ("-h", "-help", "--help", "-?", "--helpshort", "--helpfull")
 
 

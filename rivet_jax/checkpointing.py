@@ -45,8 +45,9 @@ class DamagedCheckpointError(ValueError):
     """A stage has checkpoints, but none of them is intact."""
 
 
-class NonFiniteParamsError(FloatingPointError):
-    """Parameters hold NaN or inf: training never saves them, a router never loads them."""
+class NonFiniteError(FloatingPointError):
+    """A loss or parameters hold NaN or inf, at any stage (MC, TD, online) or in a router's checkpoint: training
+    saves nothing of the epoch (or trajectory) that produced them, and a router never loads them."""
 
 
 def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:

@@ -132,7 +132,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                           c_ref=c_ref)
     started = time.perf_counter()
     cache_dir = Path(config.data.embedding_cache or workdir / "embeddings")
-    host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see train.make_host_fed_epoch
+    host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see engine.make_host_fed_group_epoch
     if host_fed:
         embeddings, how = host_embeddings(config, encoder, cache_dir, replay), "host-fed table"
     else:

@@ -29,10 +29,6 @@ from rivet_jax.run_identity import flatten
 STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
 
 
-class NonFiniteLossError(FloatingPointError):
-    """Training produced a NaN or inf loss; nothing from the offending epoch is saved."""
-
-
 @flax.struct.dataclass
 class TrainState:
     params: Any
@@ -125,7 +121,7 @@ def runs_vmapped(config) -> int | None:
 
 
 class RunValues(NamedTuple):
-    """What differs between the runs of a group (`rivet_jax.run_group`) besides their states: leading axis R."""
+    """What differs between the runs of a group (`rivet_jax.engine`) besides their states: leading axis R."""
 
     weights: losses.LossWeights  # each (R,) float32
     reward: jax.Array            # (R, N) float32 r_t of the logged replay at each run's lambda

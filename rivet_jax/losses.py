@@ -83,7 +83,7 @@ CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition,
 
 class LossWeights(NamedTuple):
     """The weights of Eq. 7 and 11 that a run may change without changing a shape: Python floats for one run, or
-    traced scalars when many runs train as one vmapped program (`rivet_jax.run_group`)."""
+    traced scalars when many runs train as one vmapped program (`rivet_jax.engine`)."""
 
     alpha: Any     # CQL weight; 0 = "w/o CQL"
     beta: Any      # RIVE weight; 0 = "w/o RIVE"

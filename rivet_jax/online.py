@@ -7,7 +7,8 @@
         after `early_stop_after` trajectories: stop once validation has not improved `patience` times in a row
     result: the best validation checkpoint (stage "online"), and a learning curve on the test manifest
 
-The runs of a run group (`rivet_jax.run_group`; a solo run is a group of one) adapt in lockstep: trajectory k of
+The environment is any `envs.base.Env` (RouteSim is one). The runs of a run group (a solo run is a group of
+one) adapt in lockstep: trajectory k of
 every run is one batched rollout (each run's own router and exploration draws, scored in one vmapped call,
 `router.RouterGroup`), every update step is one vmapped call over the runs (a run whose episode was shorter sits
 the extra steps out), and validations of all runs are one batched rollout. Each run keeps its own checkpoints.
@@ -31,20 +32,19 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, evaluation, sharding, train
-from rivet_jax.config_checks import ConfigError
-from rivet_jax.corpus import PreparedData, TrainData, gather_batch, prepare_data
+from rivet_jax import checkpointing, evaluation, sharding
+from rivet_jax.corpus import PreparedData, TrainData, gather_batch
 from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
-from rivet_jax.envs.base import GroupMember, run_episodes
-from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.envs.base import Env, GroupMember, run_episodes
 from rivet_jax.learner import (RunValues, TrainState, from_saveable, grouped, init_train_state, make_optimizer,
                                make_update, run_values, runs_vmapped, saveable, shape_signature, stack,
                                template_state, unstack, with_run_rewards)
 from rivet_jax.networks import make_network
 from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
+from rivet_jax.stage_run import check_losses, check_params, check_resume, checkpoint_meta, finished_params
 
 STAGE, PROGRESS = "online", "online_progress"
 
@@ -183,22 +183,21 @@ class OnlineRun:
 
     def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
         """The state and the filled rows of the new replay (the empty capacity is not written)."""
-        self._check_finite(state)
+        self.check_finite(state)
         filled = jax.tree.map(lambda x: x[:num_new], replay)
         self.saved.save(self.progress.trajectories, {"state": saveable(state), "replay": filled},
                         {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new})
 
     def save_best(self, state: TrainState) -> None:
-        self._check_finite(state)
+        self.check_finite(state)
         self.best.save(self.progress.trajectories, saveable(state), self.meta)
 
-    def _check_finite(self, state: TrainState) -> None:
-        bad = checkpointing.non_finite_leaves(state.params)
-        if bad:  # saved, it would route on NaN
-            raise checkpointing.NonFiniteParamsError(
-                f"online adaptation of {self.workdir}: the parameters {bad[:3]} hold NaN or inf after "
-                f"{self.progress.trajectories} trajectories; not saved. Suspect online.lr={self.config.online.lr}, "
-                f"reward.lam={self.config.reward.lam}, loss.alpha={self.config.loss.alpha}")
+    def where(self) -> str:
+        return f"stage online of {self.workdir}"
+
+    def check_finite(self, state: TrainState) -> None:
+        check_params(state, self.where(), f"after {self.progress.trajectories} trajectories", self.config,
+                     self.prepared.c_ref, STAGE)
 
     def best_state(self, template: TrainState) -> TrainState:
         best, _ = self.best.restore(saveable(template))
@@ -214,18 +213,18 @@ def _capacity(env, config) -> int:
     return (config.online.max_passes * len(env.tasks(config.online.split)) + 1) * env.max_turns
 
 
-def open_run(config, workdir: Path, env, prepared: PreparedData, template: TrainState, net, tx):
+def open_run(config, workdir: Path, env: Env, prepared: PreparedData, template: TrainState, net, tx):
     """(OnlineRun, state, new replay, filled rows): resumed from its progress checkpoint, or started from the
     finished TD stage of `workdir`."""
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
     saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1, repair=True)
     best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1, repair=True)
     run = OnlineRun(config, workdir, prepared, task_order(env, config), OnlineProgress(), best, saved,
-                    train.checkpoint_meta(config, prepared, STAGE))
+                    checkpoint_meta(config, prepared, STAGE))
     replay = empty_replay(_capacity(env, config), dim, num_models)
     if saved.latest_epoch() is not None:
         saved_meta = saved.restore_meta()
-        train.check_resume(saved_meta, config, prepared, STAGE, str(saved.directory))
+        check_resume(saved_meta, config, prepared, STAGE, str(saved.directory))
         num_new = int(saved_meta["num_new"])
         restored, _ = saved.restore({"state": saveable(template), "replay": empty_replay(num_new, dim, num_models)})
         replay = jax.tree.map(lambda buf, rows: buf.at[:num_new].set(jnp.asarray(np.asarray(rows))), replay,
@@ -233,15 +232,8 @@ def open_run(config, workdir: Path, env, prepared: PreparedData, template: Train
         run.progress = OnlineProgress(**saved_meta["progress"])
         logging.info("Resuming online adaptation of %s after %d trajectories", workdir, run.progress.trajectories)
         return run, from_saveable(restored["state"]), replay, num_new
-    td = checkpointing.StageCheckpoints(workdir, "td")
-    if td.latest_epoch() is None or td.latest_epoch() < config.td_epochs:
-        raise FileNotFoundError(f"online adaptation starts from a finished 'td' stage; {td.directory} has "
-                                f"{td.latest_epoch() or 0}/{config.td_epochs} epochs: run --config.stage=td first")
-    train.check_resume(td.restore_meta(), config, prepared, STAGE, str(td.directory))
-    td_state, _ = td.restore(saveable(template))
-    td.close()
-    state = init_train_state(net, tx, from_saveable(td_state).params, jax.random.fold_in(template.key, 2))
-    return run, state, replay, 0
+    params = finished_params(config, workdir, STAGE, prepared, template)
+    return run, init_train_state(net, tx, params, jax.random.fold_in(template.key, 2)), replay, 0
 
 
 class RunChunks:
@@ -276,7 +268,7 @@ class RunChunks:
 
 
 def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch],
-                   num_new: np.ndarray, env, net, tx, on_validation: Callable[[dict], None] | None = None) -> None:
+                   num_new: np.ndarray, env: Env, net, tx, on_validation: Callable[[dict], None] | None = None) -> None:
     """Steps `runs` (same shape signature and trajectory count; `net` and `tx` their network and optimizer) to
     their ends."""
     config, first = runs[0].config, runs[0].prepared
@@ -367,9 +359,9 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
             losses[j, rs] = np.where(lengths[rs] > j, np.asarray(loss), 0.0)
         for r in active:
             runs[r].progress.trajectories += 1
-            if not np.all(np.isfinite(losses[:, r])):
-                raise FloatingPointError(f"online adaptation of {runs[r].workdir}: non-finite loss after "
-                                         f"trajectory {k + 1}")
+            steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
+            check_losses(losses[:lengths[r], r], f"{runs[r].where()} (trajectory {k + 1})", steps_before,
+                         runs[r].config, first.c_ref, STAGE)
         if (k + 1) % config.online.validate_every == 0:
             validate(active)
         for r in list(active):
@@ -389,16 +381,15 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
     logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
 
 
-def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
-                     prepared: Sequence[PreparedData] | None = None,
-                     on_validation: Callable[[dict], None] | None = None) -> list[TrainState]:
-    """Runs (or resumes) online adaptation of every run (configs[i], workdirs[i]) from its finished TD stage, runs
-    of one shape signature and progress in lockstep; returns each run's best state."""
+def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, prepared: Sequence[PreparedData],
+                on_validation: Callable[[dict], None] | None = None) -> list[TrainState]:
+    """Runs (or resumes) online adaptation in `env` of every run (configs[i], workdirs[i], its corpus prepared[i])
+    from its finished TD stage, runs of one shape signature and progress in lockstep; returns each run's best
+    state."""
     if jax.process_count() > 1:
         raise ValueError("stage 'online' acts in one environment and runs in one process; run it without "
                          "--multihost, from the offline stages' workdir")
     workdirs = [Path(w) for w in workdirs]
-    prepared = list(prepared or [prepare_data(c, w, c_ref=train.stored_c_ref(w)) for c, w in zip(configs, workdirs)])
     opened, learners = [], {}
     for config, workdir, data in zip(configs, workdirs, prepared):
         # One network and optimizer per shape signature: their jit'ed functions then compile once, not per run.
@@ -418,28 +409,6 @@ def run_online_group(configs: Sequence, workdirs: Sequence[str | Path], env,
     for _, run, *_ in opened:
         run.close()
     return best
-
-
-def run_online(config, workdir: str | Path, env, prepared: PreparedData | None = None,
-               on_validation: Callable[[dict], None] | None = None) -> TrainState:
-    """Runs (or resumes) online adaptation from the finished TD stage of `workdir`; returns the best state."""
-    return run_online_group([config], [workdir], env, None if prepared is None else [prepared], on_validation)[0]
-
-
-def run_online_stage(config, workdir: str | Path, stage: str, prepared: PreparedData,
-                     on_epoch_end: Callable | None = None) -> TrainState:
-    """The registered 'online' stage of `train.train`: adaptation in the RouteSim of `config.sim`."""
-    del stage, on_epoch_end  # one stage, validated by trajectories rather than epochs
-    return run_online(config, workdir, online_env(config), prepared)
-
-
-def online_env(config):
-    if "sim" not in config:
-        raise ConfigError("online adaptation acts in an environment: use a config with `sim` (configs/routesim.py)")
-    return make_routesim(config.sim)
-
-
-train.register_stage(STAGE, run_online_stage)
 
 
 def read_progress(workdir: str | Path) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class Router:
         temporarily unavailable are handled per call with `available`, not with another pool.
 
         A damaged latest checkpoint (its files no longer match their checksums) is passed over for the newest
-        intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteParamsError).
+        intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteError).
         """
         stage = stage or checkpointing.latest_stage(workdir, checkpointing.ROUTER_STAGES)
         if stage is None:
@@ -252,7 +252,7 @@ def _check_finite_params(params: dict, source) -> None:
     """Refuses parameters with NaN or inf: the scores would be NaN, and their argmax an arbitrary model."""
     bad = checkpointing.non_finite_leaves(params)
     if bad:
-        raise checkpointing.NonFiniteParamsError(f"{source}: the parameters {bad[:3]}"
+        raise checkpointing.NonFiniteError(f"{source}: the parameters {bad[:3]}"
                                                  f"{' ...' if len(bad) > 3 else ''} hold NaN or inf; it cannot route. "
                                                  f"load an earlier stage (stage='mc', 'td') or retrain")
 

@@ -1,6 +1,10 @@
-"""Data parallelism on JAX's own SPMD: one `("data",)` mesh axis, parameters replicated, batches sharded.
+"""Parallelism on JAX's own SPMD over a `("runs", "data")` mesh: a run group's runs split over the first axis,
+each run's batches over the second, parameters replicated within a run.
 
-The same training code runs on 1 device, on N devices of one host and on many hosts:
+`make_mesh(devices, runs)` lays the devices out as runs x data; `runs_axis_size` picks the layout a group's sizes
+fit (as many run shards as divide both the run count and the device count, the rest of the devices splitting the
+batch), so one run gets pure data parallelism and a group of eight on eight devices one run per device. The same
+training code runs on 1 device, on N devices of one host and on many hosts:
 
 - device-resident replay (the default on one host): the train state and the replay are replicated over the mesh
   and each gathered batch is constrained to split along its first axis, so XLA runs the per-example work on every
@@ -12,23 +16,40 @@ The same training code runs on 1 device, on N devices of one host and on many ho
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA = "data"
+RUNS, DATA = "runs", "data"
 
 
-def make_mesh(num_devices: int = 0) -> Mesh:
-    """A 1-D mesh over the first `num_devices` devices (0 = all of them, on every host)."""
+def mesh_devices(num_devices: int = 0) -> list:
+    """The first `num_devices` devices (0 = all of them, on every host)."""
     devices = jax.devices()
     if num_devices < 0 or num_devices > len(devices):
         raise ValueError(f"asked for {num_devices} devices; {len(devices)} are visible ({jax.default_backend()})")
     if jax.process_count() > 1 and num_devices not in (0, len(devices)):
         raise ValueError(f"a multi-host run trains on every device of every host: set config.devices=0 "
                          f"(it is {num_devices}; {len(devices)} devices on {jax.process_count()} hosts)")
-    return Mesh(np.array(devices[:num_devices or len(devices)]), (DATA,))
+    return devices[:num_devices or len(devices)]
+
+
+def runs_axis_size(num_runs: int, num_devices: int) -> int:
+    """How many shards a group of `num_runs` runs splits into over `num_devices` devices: the largest count that
+    divides both (runs are never padded), so the rest of the devices split every run's batches."""
+    return math.gcd(num_runs, num_devices)
+
+
+def make_mesh(num_devices: int = 0, runs: int = 1) -> Mesh:
+    """A (runs, data) mesh over the first `num_devices` devices (0 = all of them): `runs` run shards, each over
+    num_devices / runs devices that split the batch."""
+    devices = mesh_devices(num_devices)
+    if len(devices) % runs:
+        raise ValueError(f"{runs} run shards do not divide {len(devices)} devices")
+    return Mesh(np.array(devices).reshape(runs, len(devices) // runs), (RUNS, DATA))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -52,16 +73,22 @@ def replicate(tree, mesh: Mesh):
     return jax.tree.map(place, tree)
 
 
+def shard_runs(tree, mesh: Mesh):
+    """Every leaf (R, ...) split along its leading run axis over the mesh's `runs` axis (one process)."""
+    return jax.device_put(tree, NamedSharding(mesh, PartitionSpec(RUNS)))
+
+
 def shard_batch(batch, mesh: Mesh):
     """Inside jit: split every array of a batch along its first (example) axis over the mesh."""
     sharding = NamedSharding(mesh, PartitionSpec(DATA))
     return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, sharding), batch)
 
 
-def global_batches(local, mesh: Mesh):
-    """Host arrays (K, b, ...) of this process's rows -> global arrays (K, b * processes, ...) split over the mesh
-    along the batch axis (axis 1; axis 0 is the scan over K steps)."""
-    sharding = NamedSharding(mesh, PartitionSpec(None, DATA))
+def global_batches(local, mesh: Mesh, batch_axis: int = 1):
+    """Host arrays (..., K, b, ...) of this process's rows -> global arrays (..., K, b * processes, ...) split over
+    the mesh along the batch axis (`batch_axis`; the axes before it, e.g. runs and the scan over K steps, are
+    whole on every device)."""
+    sharding = NamedSharding(mesh, PartitionSpec(*(None,) * batch_axis, DATA))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
 
 
@@ -73,9 +100,10 @@ def replay_slice(num_transitions: int, num_slices: int | None = None, index: int
 
 
 def check_divisible(batch_size: int, mesh: Mesh) -> None:
-    if batch_size % mesh.size:
-        raise ValueError(f"batch size {batch_size} does not split over {mesh.size} devices: use a multiple of "
-                         f"{mesh.size} (config.optim.batch_size) or fewer devices (config.devices)")
+    split = mesh.shape[DATA]
+    if batch_size % split:
+        raise ValueError(f"batch size {batch_size} does not split over {split} devices: use a multiple of "
+                         f"{split} (config.optim.batch_size) or fewer devices (config.devices)")
 
 
 def epoch_batches(key: jax.Array, num_transitions: int, batch_size: int, num_slices: int = 1,

@@ -10,6 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "rivet_jax"
 MAX_LINES = 500
+TRAINING = {"rivet_jax.train", "rivet_jax.engine", "rivet_jax.stage_run", "rivet_jax.learner", "rivet_jax.losses",
+            "rivet_jax.online", "rivet_jax.corpus"}
 
 
 def module_name(path: Path) -> str:
@@ -20,11 +22,30 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+DYNAMIC_IMPORTS = {"import_module", "__import__"}  # importlib.import_module(name), __import__(name)
+
+
+def dynamic_import(node: ast.AST) -> str | None:
+    """The module a call `importlib.import_module("...")` / `import_module("...")` / `__import__("...")` names
+    (its first argument, if a string literal; "<computed>" if not), else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name not in DYNAMIC_IMPORTS:
+        return None
+    first = node.args[0] if node.args else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else "<computed>"
+
+
 def imported(path: Path) -> list[tuple[str, str | None, int]]:
-    """(module, name or None, line) for every import of a rivet_jax module anywhere in the file."""
+    """(module, name or None, line) for every import of a rivet_jax module anywhere in the file, dynamic imports
+    (`importlib.import_module`, `__import__`) included."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
+        if (module := dynamic_import(node)) is not None and module.startswith("rivet_jax"):
+            found.append((module, None, node.lineno))
+        elif isinstance(node, ast.Import):
             found += [(alias.name, None, node.lineno) for alias in node.names if alias.name.startswith("rivet_jax")]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("rivet_jax"):
             found += [(node.module, alias.name, node.lineno) for alias in node.names]
@@ -76,6 +97,23 @@ def test_every_import_names_a_module_that_exists():
     assert not missing, missing
 
 
+def test_dynamic_imports_are_edges_of_the_graph(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib\nfrom importlib import import_module\n"
+                     "def late():\n    importlib.import_module('rivet_jax.online')\n"
+                     "    import_module('rivet_jax.train')\n    __import__('rivet_jax.engine')\n"
+                     "    importlib.import_module('numpy')\n")
+    assert imported(probe) == [("rivet_jax.online", None, 4), ("rivet_jax.train", None, 5),
+                               ("rivet_jax.engine", None, 6)]
+
+
+def test_the_package_imports_nothing_dynamically():
+    """Every dependency between the package's modules is an import statement the graph (and a reader) sees."""
+    calls = [f"{path.relative_to(REPO)}:{node.lineno}: {dynamic_import(node)}" for path in MODULES.values()
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) if dynamic_import(node) is not None]
+    assert not calls, calls
+
+
 def test_no_import_cycles():
     graph = {name: dependencies(name) & set(MODULES) for name in MODULES}
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
@@ -102,8 +140,8 @@ def private_uses(path: Path) -> list[str]:
 def test_the_private_name_check_sees_both_forms(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("from rivet_jax.data.schema import _hidden, Episode\nfrom rivet_jax import train as t\n"
-                     "t._RUNNERS\nt.train\nEpisode.__name__\n")
-    assert private_uses(probe) == ["probe.py:1: from rivet_jax.data.schema import _hidden", "probe.py:3: t._RUNNERS"]
+                     "t._secret\nt.train\nEpisode.__name__\n")
+    assert private_uses(probe) == ["probe.py:1: from rivet_jax.data.schema import _hidden", "probe.py:3: t._secret"]
 
 
 def test_no_private_name_crosses_a_module_boundary():
@@ -127,7 +165,7 @@ def test_router_imports_no_training_code():
         return seen
 
     reached = closure("rivet_jax.router", set())
-    training = {"rivet_jax.train", "rivet_jax.learner", "rivet_jax.losses", "rivet_jax.online", "rivet_jax.corpus"}
+    training = TRAINING
     assert not reached & training, sorted(reached & training)
     assert not {m for m in reached if m.startswith(("rivet_jax.experiments", "rivet_jax.bench"))}
 
@@ -141,7 +179,7 @@ def test_the_proxy_imports_no_training_code():
             if dep not in reached:
                 reached.add(dep)
                 pending.append(dep)
-    training = {"rivet_jax.train", "rivet_jax.learner", "rivet_jax.losses", "rivet_jax.online", "rivet_jax.corpus"}
+    training = TRAINING
     assert not reached & training, sorted(reached & training)
 
 

@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from configs import default
-from rivet_jax import checkpointing, corpus, run_identity, train
+from rivet_jax import checkpointing, corpus, engine, run_identity, stage_run, train
 from rivet_jax.experiments.common import check_same_config, with_overrides
-from rivet_jax.learner import NonFiniteLossError
 from rivet_jax.networks import rve_params
 from rivet_jax.router import Router
 from rivet_jax.workdir_lock import WorkdirBusyError, hold_workdir
@@ -30,6 +29,11 @@ def tiny_config(**overrides):
     return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
 
 
+def run_stage(config, workdir, stage, **kwargs):
+    """One stage of `config`'s run in `workdir` (`train.train` with config.stage = stage)."""
+    return train.train(with_overrides(config, {"stage": stage}), workdir, **kwargs)
+
+
 def leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
@@ -38,7 +42,7 @@ def leaves(tree) -> list[np.ndarray]:
 def trained(tmp_path_factory) -> Path:
     """A finished tiny MC stage (epochs 1 and 2 kept); tests copy it before changing anything."""
     workdir = tmp_path_factory.mktemp("trained")
-    train.run_stage(tiny_config(), workdir, "mc")
+    run_stage(tiny_config(), workdir, "mc")
     return workdir
 
 
@@ -76,16 +80,16 @@ def test_resume_with_changed_config_is_refused_listing_every_difference(trained,
     workdir = copy_of(trained, tmp_path)
     changed = tiny_config(**{"reward.lam": 0.1, "optim.lr": 1e-3, "reward.gamma": 0.9})
     with pytest.raises(checkpointing.ConfigChangedError) as refused:
-        train.run_stage(changed, workdir, "mc")
+        run_stage(changed, workdir, "mc")
     message = str(refused.value)
     assert "reward.lam: 0.05 -> 0.1" in message and "optim.lr: 0.0003 -> 0.001" in message
     assert "reward.gamma: 0.99 -> 0.9" in message and "\n" not in message
     # TD starts from the MC parameters: those must be this run's too, epochs included
     with pytest.raises(checkpointing.ConfigChangedError, match="mc_epochs: 2 -> 1"):
-        train.run_stage(tiny_config(mc_epochs=1), workdir, "td")
+        run_stage(tiny_config(mc_epochs=1), workdir, "td")
     # fewer epochs than the stage already holds: the finished state would not be what the config asks
     with pytest.raises(checkpointing.ConfigChangedError, match=r"mc_epochs: 2 -> 1 \(the checkpoint already holds 2"):
-        train.run_stage(tiny_config(mc_epochs=1), workdir, "mc")
+        run_stage(tiny_config(mc_epochs=1), workdir, "mc")
     assert checkpointing.StageCheckpoints(workdir, "mc").latest_epoch() == 2  # nothing was written
 
 
@@ -93,7 +97,7 @@ def test_harmless_changes_and_more_epochs_resume(trained, tmp_path):
     workdir = copy_of(trained, tmp_path)
     longer = tiny_config(mc_epochs=3, checkpoints_to_keep=3, checkpoint_every_epochs=2, devices=1,
                          **{"data.host_chunk_steps": 7, "online.lr": 1.0, "td_epochs": 9})
-    train.run_stage(longer, workdir, "mc")
+    run_stage(longer, workdir, "mc")
     assert checkpointing.StageCheckpoints(workdir, "mc").latest_epoch() == 3
 
 
@@ -105,11 +109,11 @@ def test_resume_on_changed_logs_is_refused_but_moved_logs_resume(trained, tmp_pa
         shutil.copy(workdir / "data" / name, logs / name)
     moved = tiny_config(mc_epochs=3, **{"data.episodes": str(logs / "episodes.jsonl"),
                                         "data.cards": str(logs / "model_cards.json")})
-    train.run_stage(moved, workdir, "mc")  # same bytes elsewhere: the same run
+    run_stage(moved, workdir, "mc")  # same bytes elsewhere: the same run
     lines = (logs / "episodes.jsonl").read_text().splitlines()
     (logs / "episodes.jsonl").write_text("\n".join(lines[:-1]) + "\n")
     with pytest.raises(checkpointing.ConfigChangedError, match=r"corpus\.episodes \(sha256 of the file\)"):
-        train.run_stage(moved, workdir, "mc")
+        run_stage(moved, workdir, "mc")
 
 
 def test_check_same_config_lists_the_differences(tmp_path):
@@ -210,10 +214,10 @@ def test_training_resumes_from_the_newest_intact_checkpoint_to_the_same_paramete
     step = checkpointing.stage_dir(workdir, "mc") / "2"
     _truncate(step)
     with caplog.at_level(logging.WARNING):
-        resumed = train.run_stage(tiny_config(), workdir, "mc")  # moves epoch 2 aside, trains it again
+        resumed = run_stage(tiny_config(), workdir, "mc")  # moves epoch 2 aside, trains it again
     assert f"moved to {step.with_name('2.damaged')}" in caplog.text
     assert step.with_name("2.damaged").is_dir() and checkpointing.damage(step) is None
-    straight = train.run_stage(tiny_config(), trained, "mc")  # finished: restores only
+    straight = run_stage(tiny_config(), trained, "mc")  # finished: restores only
     for got, want in zip(leaves(resumed.params), leaves(straight.params)):
         np.testing.assert_array_equal(got, want)
 
@@ -239,19 +243,21 @@ def test_router_refuses_non_finite_parameters(trained, tmp_path):
     broken = jax.tree.map(lambda x: jnp.asarray(x).at[(0,) * x.ndim].set(jnp.nan), state["params"])
     checkpoints.save(3, {**state, "params": broken}, meta)  # as a run without the finiteness check would have
     checkpoints.close()
-    with pytest.raises(checkpointing.NonFiniteParamsError, match=r"mc/3: the parameters \["):
+    with pytest.raises(checkpointing.NonFiniteError, match=r"mc/3: the parameters \["):
         Router.from_checkpoint(workdir)
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_training_never_saves_non_finite_parameters(tmp_path):
     # One step per epoch (the batch exceeds the corpus) and an infinite step size: the loss is finite, the
-    # parameters after the update are not.
+    # parameters after the update are not. Such a learning rate is refused up front (`check_config`), so the
+    # stage is run through the engine directly.
     config = tiny_config(**{"optim.batch_size": 4096, "optim.lr": 1e39})
-    with pytest.raises(checkpointing.NonFiniteParamsError, match=r"stage mc: the parameters .* after epoch 1 "
-                                                                 r"\(step 1\); nothing of the epoch was saved. "
-                                                                 r"Suspect the config: optim.lr=1e\+39"):
-        train.run_stage(config, tmp_path, "mc")
+    run = stage_run.StageRun.open(config, tmp_path, "mc", corpus.prepare_data(config, tmp_path))
+    with pytest.raises(checkpointing.NonFiniteError, match=r"stage mc: the parameters .* after epoch 1 "
+                                                           r"\(step 1\); nothing of it was saved. "
+                                                           r"Suspect the config: optim.lr=1e\+39"):
+        engine.train_together([run])
     assert checkpointing.StageCheckpoints(tmp_path, "mc").latest_epoch() is None
 
 
@@ -260,9 +266,9 @@ def test_divergence_at_the_first_step_names_the_config(tmp_path):
     prepared = corpus.prepare_data(config, tmp_path)
     broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
         replay={**prepared.data.replay, "mc_return": prepared.data.replay["mc_return"].at[:].set(jnp.inf)})})
-    with pytest.raises(NonFiniteLossError, match=r"at the stage's first step: suspect the config \(optim.lr=0.0003, "
+    with pytest.raises(checkpointing.NonFiniteError, match=r"at the stage's first step: suspect the config \(optim.lr=0.0003, "
                                                  r"reward.lam=0.05"):
-        train.run_stage(config, tmp_path, "mc", prepared=broken)
+        run_stage(config, tmp_path, "mc", prepared=broken)
 
 
 def test_meta_records_the_corpus_and_checksums(trained):

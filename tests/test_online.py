@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, online, train
+from rivet_jax import checkpointing, corpus, online, stage_run, train
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import routesim
+from rivet_jax.experiments.common import with_overrides
 from rivet_jax.router import Router
 
 
@@ -24,6 +25,12 @@ def tiny(workdir):
     config = routesim.training_config(config, corpus)
     config.stage = "offline"
     return config
+
+
+def adapt(config, workdir, sim, on_validation=None):
+    """The online stage of one run, called directly (a group of one) to reach its validation hook."""
+    prepared = corpus.prepare_data(config, workdir, c_ref=stage_run.stored_c_ref(workdir))
+    return online.adapt_group([config], [workdir], sim, [prepared], on_validation)[0]
 
 
 def leaves(state):
@@ -41,7 +48,7 @@ def test_online_stage_validates_keeps_the_best_and_resumes_exactly(tmp_path):
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same offline router, twice
     sim = make_routesim(config.sim)
 
-    straight = online.run_online(config, tmp_path / "a", sim)
+    straight = adapt(config, tmp_path / "a", sim)
     progress = online.read_progress(tmp_path / "a")
     validations = progress["validations"]
     every = config.online.validate_every
@@ -63,8 +70,8 @@ def test_online_stage_validates_keeps_the_best_and_resumes_exactly(tmp_path):
             raise SimulatedKill
 
     with pytest.raises(SimulatedKill):
-        online.run_online(config, tmp_path / "b", sim, on_validation=kill_at_second_validation)
-    resumed = online.run_online(config, tmp_path / "b", sim)
+        adapt(config, tmp_path / "b", sim, on_validation=kill_at_second_validation)
+    resumed = adapt(config, tmp_path / "b", sim)
     for got, expected in zip(leaves(resumed), leaves(straight)):
         np.testing.assert_array_equal(got, expected)
     assert online.read_progress(tmp_path / "b") == progress
@@ -73,4 +80,19 @@ def test_online_stage_validates_keeps_the_best_and_resumes_exactly(tmp_path):
 def test_online_needs_a_finished_td_stage(tmp_path):
     config = tiny(tmp_path)
     with pytest.raises(FileNotFoundError, match="run --config.stage=td first"):
-        online.run_online(config, tmp_path / "empty", make_routesim(config.sim))
+        train.train(with_overrides(config, {"stage": "online"}), tmp_path / "empty")
+
+
+def test_a_non_finite_online_loss_is_the_one_non_finite_error(tmp_path):
+    """Infinite logged rewards make the first online update's TD target infinite: the stage stops with the same
+    NonFiniteError (a launcher's one-line user error) as the offline stages, naming its step and its settings."""
+    config = tiny(tmp_path)
+    train.train(config, tmp_path / "a")
+    prepared = corpus.prepare_data(config, tmp_path / "a", c_ref=stage_run.stored_c_ref(tmp_path / "a"))
+    replay = {**prepared.data.replay, "reward": prepared.data.replay["reward"] + np.inf}
+    broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(replay=replay)})
+    with pytest.raises(checkpointing.NonFiniteError, match=r"stage online of .*a \(trajectory 1\): non-finite loss "
+                                                           r".* at step 1; at the stage's first step: suspect the "
+                                                           r"config \(online.lr=3e-05, reward.lam="):
+        online.adapt_group([config], [tmp_path / "a"], make_routesim(config.sim), [broken])
+    assert checkpointing.StageCheckpoints(tmp_path / "a", "online").latest_epoch() == 0  # only the offline router

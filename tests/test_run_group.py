@@ -1,5 +1,6 @@
-"""Many runs as one vmapped program (rivet_jax/run_group.py): each run ends where its solo run ends, through the
-offline stages (vmapped epochs) and the online stage (lockstep rollouts and vmapped updates)."""
+"""Many runs as one program (train.train_group over engine.py and online.py): each run ends where its solo run (a
+group of one) ends, through the offline stages (one epoch program per stage) and the online stage (lockstep
+rollouts and vmapped updates)."""
 
 import json
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, corpus, learner, online, run_group, train
+from rivet_jax import checkpointing, corpus, engine, learner, online, train
 from rivet_jax.experiments import routesim
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
@@ -41,17 +42,17 @@ def group_and_solo(tmp_path_factory):
     configs = [with_overrides(base, {"stage": "all", "data.embedding_cache": str(root / "embeddings"), **v})
                for v in VARIANTS]
     compiled = []
-    original = run_group.make_group_epoch
+    original = engine.make_group_epoch
 
-    def counting(net, tx, config, stage):
+    def counting(net, tx, config, stage, mesh=None):
         compiled.append(stage)
-        return original(net, tx, config, stage)
+        return original(net, tx, config, stage, mesh)
 
-    run_group.make_group_epoch = counting
+    engine.make_group_epoch = counting
     try:
-        run_group.train_group(configs, [root / "group" / str(i) for i in range(len(configs))])
+        train.train_group(configs, [root / "group" / str(i) for i in range(len(configs))])
     finally:
-        run_group.make_group_epoch = original
+        engine.make_group_epoch = original
     for i, config in enumerate(configs):
         train.train(config, root / "solo" / str(i))
     return root, configs, compiled
@@ -104,7 +105,7 @@ def test_vmapped_runs_equal_runs_one_after_another(stage):
         states = learner.stack([learner.template_state(c, net, tx, config.encoder.dim, pool, stage) for c in configs])
         replays = [{**data.replay, "reward": data.replay["reward"] * (1 + i)} for i in range(len(configs))]
         values = learner.run_values(configs, replays)
-        epoch = run_group.make_group_epoch(net, tx, configs[0], stage)
+        epoch = engine.make_group_epoch(net, tx, configs[0], stage)
         for e in range(2):
             states, metrics, _ = epoch(states, data, values, jax.numpy.int32(e))
         ended[vmapped] = jax.tree.leaves(states.params)

@@ -1,8 +1,11 @@
 """Data parallelism and host-fed training.
 
-- The same tiny training on 8 simulated CPU devices (device-resident and host-fed from a memory-mapped table) and
-  on 1 reaches the same parameters, and a checkpoint saved on 8 devices restores (and routes) on 1.
-- Every stage, online adaptation included, runs on 8 devices; an online update there equals the 1-device one.
+- One run (launch.train) on 8 simulated CPU devices (device-resident and host-fed from a memory-mapped table) and
+  on 1 reaches the same parameters, its batches split over all 8; a checkpoint saved on 8 devices restores (and
+  routes) on 1.
+- The tiny reproduction's run groups and launch.calibrate's on 8 devices: the runs split over the devices (the
+  trained states sharded over all 8), every stage, online adaptation included, ending where the 1-device run
+  ends; an online update there equals the 1-device one.
 - Two processes of two devices each (a real multi-host run over gloo) train on their own replay slices and end
   with the parameters of the same global batches computed here in one process.
 
@@ -31,6 +34,27 @@ from rivet_jax.networks import make_network
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Every script records the sharding of the stacked states each offline group trained with.
+RECORD_LAYOUTS = textwrap.dedent("""
+    from rivet_jax import engine
+    LAYOUTS = []
+    _train_together = engine.train_together
+
+    def recording(runs, on_epoch_end=None):
+        states = _train_together(runs, on_epoch_end)
+        leaf = jax.tree.leaves(states.params)[0]
+        spec = tuple(getattr(leaf.sharding, "spec", ()))  # a 1-device run has no mesh
+        LAYOUTS.append((len(runs), runs[0].config.devices, spec, len(leaf.sharding.device_set)))
+        return states
+
+    engine.train_together = recording
+
+
+    def worst(a, b):
+        return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),
+                                                                                          jax.tree.leaves(b)))
+""")
+
 SCRIPT = textwrap.dedent("""
     import sys
     import jax
@@ -39,21 +63,19 @@ SCRIPT = textwrap.dedent("""
     from rivet_jax import train
     from rivet_jax.experiments.common import with_overrides
     from rivet_jax.router import Router
-
+""") + RECORD_LAYOUTS + textwrap.dedent("""
     assert len(jax.devices()) == 8, jax.devices()
     workdir = sys.argv[1]
     runs = {"d8": {"devices": 8}, "disk8": {"devices": 8, "data.embeddings_on_disk": True}, "d1": {"devices": 1}}
     states = {}
-    for name, overrides in runs.items():
+    for name, overrides in runs.items():  # what launch.train runs: train.train, a group of one
         config = with_overrides(default.get_config("tiny"), {"stage": "offline", "data.demo": True, **overrides})
         states[name] = train.train(config, f"{workdir}/{name}")
     for name in ("d8", "disk8"):
-        leaves = [jax.tree.leaves(states[n].params) for n in (name, "d1")]
-        worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(*leaves))
-        print(name, "max abs difference", worst)
-        assert worst < 1e-4, (name, worst)
-        sharded = jax.tree.leaves(states[name].params)[0].sharding
-        assert len(sharded.device_set) == 8, sharded  # the 8-device run really used 8 devices
+        print(name, "max abs difference", worst(states[name].params, states["d1"].params))
+        assert worst(states[name].params, states["d1"].params) < 1e-4, name
+    # One run: its batch split over all 8 devices (device-resident and host-fed), parameters on all 8.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(1, 8, (), 8)] * 4, LAYOUTS
     with jax.default_device(jax.devices()[0]):
         router = Router.from_checkpoint(f"{workdir}/d8")  # saved from 8 devices, restored as plain arrays
         decision = router.route("Task: add 2 and 3", [])
@@ -62,26 +84,42 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-ONLINE_SCRIPT = textwrap.dedent("""
+GROUP_SCRIPT = textwrap.dedent("""
     import sys
+    from pathlib import Path
     import jax
     import jax.numpy as jnp
     import numpy as np
     from configs import routesim
-    from rivet_jax import corpus, learner, online, sharding, train
-    from rivet_jax.experiments import routesim as experiment
-    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax import checkpointing, corpus, learner, online, sharding
+    from rivet_jax.experiments import routesim as experiment, selection
+    from rivet_jax.experiments.common import train_variants, with_overrides
     from rivet_jax.networks import make_network
-
+""") + RECORD_LAYOUTS + textwrap.dedent("""
+    # The tiny reproduction's first groups (its conservatism grid x seeds, every stage) on 8 devices and on 1.
     workdir = sys.argv[1]
     config = routesim.get_config("tiny")
-    config = experiment.training_config(config, experiment.collect(config, workdir))
-    config = with_overrides(config, {"devices": 8, "stage": "all"})
-    train.train(config, f"{workdir}/d8")  # every stage, the online one included, on 8 devices
-    assert online.read_progress(f"{workdir}/d8")["finished"]
+    episodes, cards = experiment.corpus_files(experiment.collect(config, workdir))
+    settings = selection.grid(config)
+    variants = {selection.variant(s): (selection.overrides(s), "all") for s in settings}
+    dirs = {d: train_variants(with_overrides(config, {"devices": d}), episodes, cards, Path(workdir, f"d{d}"), variants,
+                              config.reproduce.seeds) for d in (8, 1)}
+    runs = len(settings) * len(config.reproduce.seeds)
+    assert runs == 4, runs
+    # 4 runs on 8 devices: one run per pair of devices (runs axis 4), each run's batch split over its pair.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(4, 8, ("runs",), 8)] * 2, LAYOUTS
+    for variant in variants:
+        for eight, one in zip(dirs[8][variant], dirs[1][variant]):
+            for stage in ("mc", "td", "online"):
+                like = checkpointing.StageCheckpoints(one, stage).restore(None)[0]["params"]
+                got = checkpointing.StageCheckpoints(eight, stage).restore(None)[0]["params"]
+                print(variant, stage, "max abs difference", worst(got, like))
+                assert worst(got, like) < 1e-4, (variant, stage)
+            assert online.read_progress(eight)["best_at"] == online.read_progress(one)["best_at"]
 
     # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
-    prepared = corpus.prepare_data(config, f"{workdir}/d8")
+    config = experiment.training_config(config, experiment.collect(config, workdir))
+    prepared = corpus.prepare_data(config, f"{workdir}/online")
     net, tx = make_network(config), learner.make_optimizer(config)
     replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
     rows = corpus.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
@@ -97,10 +135,35 @@ ONLINE_SCRIPT = textwrap.dedent("""
         update = online.make_group_update(net, tx, config, mesh)
         for _ in range(3):
             states, _ = update(states, data, values, buffers, jnp.array([40], jnp.int32), jnp.array([True]))
-        params[devices] = jax.tree.leaves(states.params)
-    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(params[8], params[1]))
-    print("online max abs difference", worst)
-    assert worst < 1e-5, worst
+        params[devices] = states.params
+    print("online update max abs difference", worst(params[8], params[1]))
+    assert worst(params[8], params[1]) < 1e-5
+    print("ok")
+""")
+
+
+CALIBRATE_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+    import jax
+    import numpy as np
+    from configs import routesim
+    from rivet_jax.experiments import calibrate
+    from rivet_jax.experiments.common import with_overrides
+""") + RECORD_LAYOUTS + textwrap.dedent("""
+    # launch.calibrate's run: a router per lambda (2 runs, one group), measured on validation, on 8 devices and 1.
+    workdir = sys.argv[1]
+    for devices in (8, 1):
+        calibrate.calibrate(with_overrides(routesim.get_config("tiny"), {"devices": devices}), f"{workdir}/d{devices}",
+                            0.004)
+    # 2 runs on 8 devices: a run per half of the devices, each run's batch split over its 4.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(2, 8, ("runs",), 8)] * 2, LAYOUTS
+    eight, one = (json.loads(open(f"{workdir}/d{d}/calibration.json").read()) for d in (8, 1))
+    assert [(r["lambda"], r["stage"], r["kept"]) for r in eight["rows"]] == [
+        (r["lambda"], r["stage"], r["kept"]) for r in one["rows"]]
+    for key in ("success", "cost", "return"):
+        np.testing.assert_allclose([r[key] for r in eight["rows"]], [r[key] for r in one["rows"]], rtol=1e-6, atol=1e-9)
+    assert (eight["chosen"]["lambda"], eight["router_stage"]) == (one["chosen"]["lambda"], one["router_stage"])
     print("ok")
 """)
 
@@ -118,13 +181,18 @@ def _run_on_eight_devices(script: str, workdir) -> None:
 
 
 @pytest.mark.slow
-def test_eight_devices_match_one_and_checkpoints_move_between_them(tmp_path):
+def test_one_run_on_eight_devices_matches_one_and_checkpoints_move_between_them(tmp_path):
     _run_on_eight_devices(SCRIPT, tmp_path)
 
 
 @pytest.mark.slow
-def test_online_stage_runs_data_parallel_and_its_update_matches_one_device(tmp_path):
-    _run_on_eight_devices(ONLINE_SCRIPT, tmp_path)
+def test_reproduction_groups_shard_their_runs_over_eight_devices_and_match_one(tmp_path):
+    _run_on_eight_devices(GROUP_SCRIPT, tmp_path)
+
+
+@pytest.mark.slow
+def test_calibration_on_eight_devices_matches_one(tmp_path):
+    _run_on_eight_devices(CALIBRATE_SCRIPT, tmp_path)
 
 
 def _free_port() -> int:

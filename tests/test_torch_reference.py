@@ -20,7 +20,7 @@ from rivet_jax.corpus import gather_batch  # noqa: E402
 from rivet_jax.learner import make_optimizer, template_state  # noqa: E402
 from rivet_jax.losses import rivet_loss  # noqa: E402
 from rivet_jax.networks import make_network  # noqa: E402
-from rivet_jax.train import make_train_step  # noqa: E402
+from rivet_jax.engine import make_train_step  # noqa: E402
 
 
 def _config(target_sync_steps: int = 2):

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 from configs import default
-from rivet_jax import checkpointing, corpus, train
+from rivet_jax import checkpointing, corpus, engine, train
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
-from rivet_jax.learner import NonFiniteLossError
 from rivet_jax.networks import RivetNet, make_network
 from rivet_jax.router import Router
 
@@ -27,6 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def tiny_config(**overrides):
     return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
+
+
+def run_stage(config, workdir, stage, **kwargs):
+    """One stage of `config`'s run in `workdir` (`train.train` with config.stage = stage)."""
+    return train.train(with_overrides(config, {"stage": stage}), workdir, **kwargs)
 
 
 def demo_pool() -> ModelPool:
@@ -79,7 +83,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
 
 def test_td_requires_finished_mc(tmp_path):
     with pytest.raises(FileNotFoundError, match="run --config.stage=mc first"):
-        train.run_stage(tiny_config(), tmp_path, "td")
+        run_stage(tiny_config(), tmp_path, "td")
 
 
 def test_non_finite_loss_stops_with_step_and_episodes(tmp_path):
@@ -88,8 +92,8 @@ def test_non_finite_loss_stops_with_step_and_episodes(tmp_path):
     bad_return = prepared.data.replay["mc_return"].at[:].set(jnp.nan)
     broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
         replay={**prepared.data.replay, "mc_return": bad_return})})
-    with pytest.raises(NonFiniteLossError, match=r"step 1; the batch held episodes \['(fixed:|random/)"):
-        train.run_stage(config, tmp_path, "mc", prepared=broken)
+    with pytest.raises(checkpointing.NonFiniteError, match=r"step 1; the batch held episodes \['(fixed:|random/)"):
+        run_stage(config, tmp_path, "mc", prepared=broken)
     assert checkpointing.StageCheckpoints(tmp_path, "mc").latest_epoch() is None  # nothing diverged was saved
 
 
@@ -103,11 +107,11 @@ def _cards_with_changed_price(tmp_path: Path) -> Path:
 
 def test_checkpoint_refused_for_other_pool_or_encoder(tmp_path):
     config = tiny_config()
-    train.run_stage(config, tmp_path, "mc")
+    run_stage(config, tmp_path, "mc")
     episodes = tmp_path / "data" / "episodes.jsonl"
     other_pool = tiny_config(**{"data.episodes": str(episodes), "data.cards": str(_cards_with_changed_price(tmp_path))})
     with pytest.raises(checkpointing.CheckpointMismatchError, match="price_in_per_mtok"):
-        train.run_stage(other_pool, tmp_path, "td")
+        run_stage(other_pool, tmp_path, "td")
     with pytest.raises(checkpointing.CheckpointMismatchError, match="encoder"):
         Router.from_checkpoint(tmp_path, encoder=HashingEncoder(dim=32))
     fewer = ModelPool(demo_pool().cards[:3])
@@ -171,7 +175,7 @@ def test_launcher_stages_then_router(tmp_path):
 
     # The router is the trained RVE: same numbers as the network on the training state embedding.
     config = tiny_config()
-    trained = train.run_stage(config, workdir, "td")  # already complete: restores, trains nothing
+    trained = run_stage(config, workdir, "td")  # already complete: restores, trains nothing
     h = router.encoder.encode([router.state_text(episode.task.prompt, history)])
     cards = (router.encoder.encode([c.description for c in pool.cards]), *router._cards[1:])
     direct = make_network(config).apply({"params": trained.params}, jnp.asarray(h), cards, method=RivetNet.q_route)
@@ -192,24 +196,24 @@ def test_launcher_stages_then_router(tmp_path):
 def test_each_stage_compiles_its_epoch_once_even_when_resumed(tmp_path, monkeypatch):
     """Restored and freshly computed states must hit the same compiled epoch (no second compile per stage)."""
     made = []
-    original = train.make_train_epoch
+    original = engine.make_group_epoch
 
     def recording(*args, **kwargs):
         made.append(original(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(train, "make_train_epoch", recording)
+    monkeypatch.setattr(engine, "make_group_epoch", recording)
     config = tiny_config()
-    train.run_stage(config, tmp_path, "mc")           # fresh
-    train.run_stage(config, tmp_path, "td")           # starts from the restored MC parameters
+    run_stage(config, tmp_path, "mc")           # fresh
+    run_stage(config, tmp_path, "td")           # starts from the restored MC parameters
 
     def kill(stage, epoch, record):
         if epoch == 1:
             raise SimulatedKill
 
     with pytest.raises(SimulatedKill):
-        train.run_stage(config, tmp_path / "b", "mc", on_epoch_end=kill)
-    train.run_stage(config, tmp_path / "b", "mc")     # resumed from a restored MC state
+        run_stage(config, tmp_path / "b", "mc", on_epoch_end=kill)
+    run_stage(config, tmp_path / "b", "mc")     # resumed from a restored MC state
     assert [f._cache_size() for f in made] == [1, 1, 1, 1]
 
 
@@ -243,8 +247,8 @@ def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
     assert "Resuming stage mc" in resumed.stderr
 
     config = tiny_config(mc_epochs=60)
-    expected = flat_params(train.run_stage(config, straight, "mc"))  # complete: restores only
-    got = flat_params(train.run_stage(config, killed, "mc"))
+    expected = flat_params(run_stage(config, straight, "mc"))  # complete: restores only
+    got = flat_params(run_stage(config, killed, "mc"))
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 

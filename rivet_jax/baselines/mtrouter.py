@@ -32,12 +32,13 @@ import ml_collections
 import numpy as np
 import optax
 
+from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Replay, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
-from rivet_jax.learner import NonFiniteLossError, make_optimizer
+from rivet_jax.learner import make_optimizer
 from rivet_jax.networks import CardProjector, StateAdapter, ValueHead, pad_rows
 from rivet_jax.router import HistoryTurn, as_history, availability_mask
 from rivet_jax.sharding import epoch_batches
@@ -217,7 +218,7 @@ class MTRouter:
             state, metrics = fit_epoch(state, data, jnp.asarray(epoch, jnp.int32))
             record = {k: float(np.mean(v)) for k, v in jax.device_get(metrics).items()}
             if not np.isfinite(record["loss"]):
-                raise NonFiniteLossError(f"mtrouter: non-finite loss {record['loss']} in epoch {epoch + 1}")
+                raise checkpointing.NonFiniteError(f"mtrouter: non-finite loss {record['loss']} in epoch {epoch + 1}")
             history.append(record)
         return cls(net, state.params, pool, store.encoder, np.asarray(data.cards()[0]), lam=lam,
                    count_tokens=count_tokens, max_tokens=max_tokens, episode_cost=scale,

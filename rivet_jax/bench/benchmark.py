@@ -19,13 +19,13 @@ import ml_collections
 import numpy as np
 
 from rivet_jax.bench.run_groups import run_group_rows, run_group_throughput
-from rivet_jax.corpus import TrainData
+from rivet_jax.corpus import TrainData, gather_batch
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.schema import ModelCard, ModelPool
-from rivet_jax.learner import init_train_state, make_optimizer, template_state
+from rivet_jax.engine import make_group_chunk, make_group_epoch, make_train_step
+from rivet_jax.learner import init_train_state, make_optimizer, run_values, stack, template_state, unstack
 from rivet_jax.networks import make_network
-from rivet_jax.sharding import make_mesh
-from rivet_jax.train import make_train_chunk, make_train_epoch, make_train_step, run_host_batches
+from rivet_jax.sharding import global_batches, make_mesh
 
 PAPER_TRANSITIONS = 7_492
 REPEATS = 3  # scaling points: the median of this many timed runs (a shared machine's noise is one-sided)
@@ -101,21 +101,26 @@ def _time_single_steps(config, net, tx, data, stage: str, pool, steps: int) -> d
 
 
 def _time_offline_training(config, net, tx, data, pool) -> dict:
-    """Wall time of config.mc_epochs MC + config.td_epochs TD epochs through the scanned epoch functions."""
+    """Wall time of config.mc_epochs MC + config.td_epochs TD epochs of one run (a group of one) through the
+    engine's scanned epoch."""
     result = {}
     started = time.perf_counter()
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, "mc")
+    states = stack([template_state(config, net, tx, data.embeddings.shape[1], pool, "mc")])
+    values = run_values([config], [data.replay])
     for stage, epochs in (("mc", config.mc_epochs), ("td", config.td_epochs)):
         if stage == "td":
-            state = init_train_state(net, tx, state.params, state.key)
-        train_epoch = make_train_epoch(net, tx, config, stage)
+            state = unstack(states, 0)
+            states = stack([init_train_state(net, tx, state.params, state.key)])
+        group_epoch = make_group_epoch(net, tx, config, stage)
         stage_started = time.perf_counter()
-        state, metrics, _ = _block(train_epoch(state, data, jnp.int32(0)))
+        states, metrics, _ = _block(group_epoch(states, data, values, jnp.int32(0)))
         first_epoch = time.perf_counter() - stage_started
+        metrics = {k: v[0] for k, v in metrics.items()}                              # (1, S) -> (S,)
         steps_per_epoch = int(metrics["loss"].shape[0])
         warm_started = time.perf_counter()
         for epoch in range(1, epochs):
-            state, metrics, _ = train_epoch(state, data, jnp.int32(epoch))
+            states, metrics, _ = group_epoch(states, data, values, jnp.int32(epoch))
+            metrics = {k: v[0] for k, v in metrics.items()}
         _block(metrics)
         warm = time.perf_counter() - warm_started
         result[stage] = {"epochs": epochs, "steps_per_epoch": steps_per_epoch, "first_epoch_s": first_epoch,
@@ -145,17 +150,26 @@ def _time_scanned_steps(config, net, tx, data, stage: str, pool, steps: int) -> 
 def _time_host_fed_steps(config, net, tx, data, stage: str, pool, steps: int) -> dict:
     """Steps/s of host-fed training (batches gathered with numpy from host-resident, e.g. memory-mapped, data and
     run `config.data.host_chunk_steps` per jit call) over random batches of the whole table, warm."""
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
-    train_chunk = make_train_chunk(net, tx, config, stage)
+    states = stack([template_state(config, net, tx, data.embeddings.shape[1], pool, stage)])  # a group of one
+    weights = run_values([config], [data.replay]).weights
+    group_chunk = make_group_chunk(net, tx, config, stage)
+    cards = tuple(np.asarray(c, np.float32) for c in data.cards())
     mesh, chunk = make_mesh(1), config.data.host_chunk_steps
     rng = np.random.default_rng(0)
     # Fresh rows for every timed run: rows read before would be served from memory already mapped.
     batches = rng.integers(0, data.num_transitions, (chunk + REPEATS * steps, config.optim.batch_size))
-    state, metrics = run_host_batches(train_chunk, state, data, batches[:chunk], mesh, chunk)  # compiles
+
+    def run(states, rows):  # the engine's host-fed loop: K numpy-gathered batches per jit call
+        for start in range(0, len(rows), chunk):
+            local = jax.tree.map(lambda x: x[None], gather_batch(data, rows[start:start + chunk]))  # (1, K, B, ...)
+            states, metrics = group_chunk(states, global_batches(local, mesh, batch_axis=2), cards, weights)
+        return _block((states, metrics))
+
+    states, _ = run(states, batches[:chunk])  # compiles
     seconds = []
     for start in range(chunk, len(batches), steps):
         started = time.perf_counter()
-        state, metrics = run_host_batches(train_chunk, state, data, batches[start:start + steps], mesh, chunk)
+        states, _ = run(states, batches[start:start + steps])
         seconds.append(time.perf_counter() - started)
     return {"steps_per_s": steps / float(np.median(seconds))}
 

@@ -1,4 +1,4 @@
-"""The reproduction's training throughput: many runs as one program (`rivet_jax.run_group`) against one solo run,
+"""The reproduction's training throughput: many runs as one program (`rivet_jax.engine`) against one solo run,
 with the runs vmapped into every step and with them one after another inside the program."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from rivet_jax import run_group
+from rivet_jax import engine
 from rivet_jax.learner import run_values, stack, template_state
 
 REPEATS = 3
@@ -21,7 +21,7 @@ def _block(tree):
 
 
 def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_s: float | None) -> dict:
-    """TD+CQL epochs of `runs` runs (each its own seed) as one program (`run_group`), warm, against one solo run's
+    """TD+CQL epochs of `runs` runs (each its own seed) as one program (`engine`), warm, against one solo run's
     scanned epoch: the reproduction's training throughput, with every run vmapped into each step and with the runs
     one after another inside the program (the CPU default, `learner.runs_vmapped`)."""
     result = {"runs": runs}
@@ -30,7 +30,7 @@ def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_
                    for r in range(runs)]
         states = stack([template_state(c, net, tx, data.embeddings.shape[1], pool, "td") for c in configs])
         values = run_values(configs, [data.replay] * runs)
-        group_epoch = run_group.make_group_epoch(net, tx, configs[0], "td")
+        group_epoch = engine.make_group_epoch(net, tx, configs[0], "td")
         started = time.perf_counter()
         states, metrics, _ = _block(group_epoch(states, data, values, jnp.int32(0)))
         first_epoch = time.perf_counter() - started
@@ -49,6 +49,6 @@ def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_
 def run_group_rows(group: dict) -> list[tuple[str, str, str]]:
     """The benchmark table's rows for `run_group_throughput`'s result."""
     return [(f"reproduction training: {group['runs']} runs {how}", f"{group[how]['run_steps_per_s']:.0f} run-steps/s",
-             f"TD+CQL epochs of {group['runs']} seeds as one program (run_group.py): "
+             f"TD+CQL epochs of {group['runs']} seeds as one program (engine.py): "
              f"{group[how]['over_solo'] or float('nan'):.2f}x one solo run's scanned steps/s; first epoch (with "
              f"compile) {group[how]['first_epoch_s']:.1f}s") for how in ("vmapped", "sequential")]

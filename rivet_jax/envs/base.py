@@ -23,6 +23,7 @@ class EnvState(Protocol):
 
 class Env(Protocol):
     pool: ModelPool
+    max_turns: int  # an episode's turns at most (online adaptation sizes its replay by it)
 
     def tasks(self, split: str) -> Sequence[Task]: ...
 

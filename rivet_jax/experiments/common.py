@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import ml_collections
 
-from rivet_jax import checkpointing, run_group, run_identity, train
+from rivet_jax import checkpointing, run_identity, train
 from rivet_jax.progress import Progress
 
 MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
@@ -58,7 +58,7 @@ def run_dir(workdir: Path, variant: str, seed: int) -> Path:
 def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path,
                    variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int]) -> dict[str, list[Path]]:
     """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed, into
-    <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/run_group.py: the offline stages of all runs step
+    <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/train.py: the offline stages of all runs step
     together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs."""
     runs = [(name, seed) for name in variants for seed in seeds]
     configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
@@ -69,7 +69,7 @@ def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Pat
     offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs[s])
                        for d, ss in zip(dirs, stages) for s in ss
                        if s in epochs and checkpointing.stage_dir(d, s).is_dir())
-    run_group.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
+    train.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
     return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
 
 

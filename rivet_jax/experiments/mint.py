@@ -115,7 +115,7 @@ def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
 def _train(config, data: MintData, workdir: Path, variants: dict[str, dict], seeds: Sequence[int]
            ) -> dict[str, list[Path]]:
     """Offline (MC + TD) runs of every variant (name -> config overrides) at every seed on the training split, as
-    one run group (one compiled program per stage, rivet_jax/run_group.py); each variant's directories."""
+    one run group (one compiled program per stage, rivet_jax/engine.py); each variant's directories."""
     return train_variants(config, data.train_path, data.cards_path, workdir,
                           {name: (overrides, "offline") for name, overrides in variants.items()}, seeds)
 

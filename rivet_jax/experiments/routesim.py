@@ -5,7 +5,7 @@ Phases, each resumable inside one workdir:
   2. train RIVET (MC -> TD -> online) for every seed             <workdir>/runs/rivet/seed_<s>/
      and its ablations (w/o CQL, w/o RIVE, w/o response)         <workdir>/runs/<ablation>/seed_<s>/
      and at every other lambda of the sweep                      <workdir>/runs/lambda_<lam>/seed_<s>/
-     as one run group: the offline stages of every run step together under vmap (rivet_jax/run_group.py)
+     as one run group: the offline stages of every run step together under vmap (rivet_jax/engine.py)
   3. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
   4. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
      (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter,

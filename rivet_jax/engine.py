@@ -1,0 +1,211 @@
+"""The offline engine: the MC and TD epochs of a run group, one compiled program per stage, on any device mesh.
+
+    MC warm start   L_MC = L_fit(G_t)                                    (Eq. 7 with Z = G_t)
+    TD refinement   L_TD = L_fit(Y_t) + alpha L_CQL                      (Eqs. 8-11, Double DQN + CQL)
+
+A run group is the unit; one run is a group of one. The runs of a group differ in values, not in shapes:
+
+    seed                initialisation and shuffles       each run's TrainState, stacked on a leading run axis R
+    loss.alpha, beta    the weights of Eq. 7 and 11       `LossWeights` of (R,) arrays
+    loss.zero_response  RIVE's input scaled by 0 or 1     `LossWeights.response`
+    reward.lam          rewards and returns (Eq. 1-2)     reward and mc_return columns (R, N)
+
+so one jit'ed program runs an epoch of all of them: one compile instead of R. A whole epoch runs inside one
+`lax.scan` (no Python per step); each run's shuffle comes from `fold_in(its stage key, epoch)`, so an epoch is a pure
+function of (states, data, epoch) and a run resumed from an epoch checkpoint ends with exactly the parameters of an
+uninterrupted one.
+
+Where the work goes (`sharding.py`): on a mesh of N devices the runs split over `runs_axis_size(R, N)` shards and
+every run's batch over the remaining devices (one run: pure data parallelism). Within a shard, a CPU runs the runs
+one after another (`learner.runs_vmapped`: 27 vmapped runs measured 0.8x one run's steps/s on 2 cores) and an
+accelerator vmaps them into every step. Two ways to feed the update, chosen by where `TrainData` lives:
+
+- device-resident: the replay and the embedding table are jax arrays (replicated over the mesh); an epoch is one
+  jit call that shuffles, gathers and scans.
+- host-fed (`config.data.embeddings_on_disk`, or any multi-process run): every process shuffles its own replay slice
+  per run, gathers `config.data.host_chunk_steps` batches of every run with numpy (from a memory map that need not
+  fit in memory) and passes them through `sharding.global_batches` into one jit'ed scan. The runs stay whole on
+  every device there; the batch axis splits over all of them.
+
+Every run keeps its own workdir, resume point, checkpoints and metrics.jsonl through `stage_run.StageRun`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from rivet_jax import sharding
+from rivet_jax.corpus import TrainData, gather_batch
+from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
+                               shape_signature, stack, unstack, with_run_rewards)
+from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.stage_run import StageRun
+
+
+def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
+    """One gradient update on the transitions `idx`: (state, data, idx[, values]) -> (state, metrics). Not jit'ed.
+
+    `values` (one run's `RunValues`) give its rewards and loss weights; without them the replay's own rewards and
+    `config.loss`'s weights. With a multi-device `mesh` the batch is split over its `data` axis."""
+    update = make_update(net, tx, config, stage)
+    split = mesh is not None and mesh.shape[sharding.DATA] > 1
+
+    def train_step(state: TrainState, data: TrainData, idx: jax.Array, values: RunValues | None = None):
+        batch = gather_batch(data, idx)
+        if values is not None:
+            batch = with_run_rewards(batch, values, idx)
+        if split:
+            batch = sharding.shard_batch(batch, mesh)
+        return update(state, batch, data.cards(), None if values is None else values.weights)
+
+    return train_step
+
+
+def over_runs(config, mesh, run_fn: Callable, runs) -> tuple:
+    """`run_fn` applied to every run of the stacked `runs`: vmapped with the run axis split over the mesh's `runs`
+    shards, or within one shard as `lax.map` (`runs_vmapped(config)` runs per step; a CPU one after another)."""
+    if mesh is not None and mesh.shape[sharding.RUNS] > 1:
+        return jax.vmap(run_fn, spmd_axis_name=sharding.RUNS)(*runs)
+    return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_vmapped(config))
+
+
+def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
+    """jit'ed (states (R, ...), data, values, epoch) -> (states, per-step metrics (R, S), batches (R, S, B)) over
+    device-resident data, states donated."""
+    train_step = make_train_step(net, tx, config, stage, mesh)
+    batch_size = config.optim.batch_size
+
+    def run_epoch(state: TrainState, own: RunValues, data: TrainData, epoch: jax.Array):
+        batches = sharding.epoch_batches(jax.random.fold_in(state.key, epoch), data.num_transitions, batch_size)
+        state, metrics = jax.lax.scan(lambda s, idx: train_step(s, data, idx, own), state, batches)
+        return state, metrics, batches
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
+        return over_runs(config, mesh, lambda s, v: run_epoch(s, v, data, epoch), (states, values))
+
+    return group_epoch
+
+
+def make_group_chunk(net: RivetNet, tx, config, stage: str) -> Callable:
+    """jit'ed (states, batches (R, K, B, ...), cards, weights (R,)) -> (states, per-step metrics (R, K)): K
+    host-gathered batches of every run in one scan."""
+    update = make_update(net, tx, config, stage)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def group_chunk(states: TrainState, batches, cards, weights):
+        run_chunk = lambda s, own, b: jax.lax.scan(lambda s_, batch: update(s_, batch, cards, own), s, b)
+        return over_runs(config, None, run_chunk, (states, weights, batches))
+
+    return group_chunk
+
+
+def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Callable:
+    """(states, data, values, epoch) -> (states, per-step metrics (R, S), this host's batches (R, S, b)) over
+    host-resident data.
+
+    Each process shuffles its own replay slice for every run (the indices `make_group_epoch` draws when there is
+    one process), gathers `config.data.host_chunk_steps` batches at a time with numpy, each run's rows with its own
+    rewards, and runs them as one jit'ed scan on the global batches its rows are part of. Dispatch is asynchronous,
+    so the host gathers the next chunk while the devices run this one."""
+    batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
+    num_slices, slice_index = jax.process_count(), jax.process_index()
+    shuffle = jax.jit(sharding.epoch_batches, static_argnums=(1, 2, 3, 4))
+    group_chunk = make_group_chunk(net, tx, config, stage)
+
+    def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
+        # Shuffled on this host alone, from the stage keys every process holds.
+        keys = np.asarray(jax.random.key_data(states.key))
+        batches = np.stack([np.asarray(shuffle(jax.random.fold_in(jax.random.wrap_key_data(k), epoch),
+                                               data.num_transitions, batch_size, num_slices, slice_index))
+                            for k in keys])                                          # (R, S, B / processes)
+        states = sharding.replicate(states, mesh)  # the outputs are placed: a placed and an unplaced state would
+        cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)  # compile twice
+        weights = sharding.replicate(values.weights, mesh)
+        reward, mc_return = np.asarray(values.reward), np.asarray(values.mc_return)  # (R, N)
+        runs = np.arange(len(keys))[:, None, None]
+        metrics = []
+        for start in range(0, batches.shape[1], chunk):
+            idx = batches[:, start:start + chunk]                                    # (R, K, b)
+            local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx])
+            states, chunk_metrics = group_chunk(states, sharding.global_batches(local, mesh, batch_axis=2), cards,
+                                                weights)
+            metrics.append(chunk_metrics)
+        metrics = jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
+        return states, metrics, batches
+
+    return group_epoch
+
+
+def group_mesh(config, num_runs: int, host_fed: bool):
+    """The mesh a group trains on: its runs split over as many shards as fit (`sharding.runs_axis_size`; host-fed
+    runs stay whole), the batch over the rest of `config.devices`."""
+    devices = len(sharding.mesh_devices(config.devices))
+    mesh = sharding.make_mesh(config.devices, 1 if host_fed else sharding.runs_axis_size(num_runs, devices))
+    sharding.check_divisible(config.optim.batch_size, mesh)
+    return mesh
+
+
+def place(states: TrainState, data: TrainData, values: RunValues, mesh) -> tuple:
+    """States and values split over the mesh's run shards (or replicated), device-resident data replicated.
+    Host-fed: the values stay on this host, where each run's rewards are gathered with its rows."""
+    if mesh.size == 1:
+        return states, data, values
+    if data.on_host:
+        return sharding.replicate(states, mesh), data, values
+    if mesh.shape[sharding.RUNS] > 1:
+        return sharding.shard_runs(states, mesh), sharding.replicate(data, mesh), sharding.shard_runs(values, mesh)
+    return sharding.replicate((states, data, values), mesh)
+
+
+def train_together(runs: Sequence[StageRun], on_epoch_end: Callable | None = None) -> TrainState:
+    """Steps `runs` (one stage, one shape signature, one resume epoch) to the stage's end as one program; returns
+    their stacked final states. `on_epoch_end(stage, epoch, records)` follows every epoch (records: one per run)."""
+    config, stage, data = runs[0].config, runs[0].stage, runs[0].prepared.data
+    net, tx = make_network(config), make_optimizer(config)
+    mesh = group_mesh(config, len(runs), data.on_host)
+    # Restored replicated on a data-only mesh (one run's layout); `place` then splits them over the run shards.
+    restore_mesh = mesh if mesh.shape[sharding.RUNS] == 1 else None
+    states = stack([run.start(net, tx, restore_mesh) for run in runs])
+    values = run_values([run.config for run in runs], [run.prepared.data.replay for run in runs])
+    states, data, values = place(states, data, values, mesh)
+    make_epoch = make_host_fed_group_epoch if data.on_host else make_group_epoch
+    group_epoch = make_epoch(net, tx, config, stage, mesh)
+    for epoch in range(runs[0].resume_epoch(), runs[0].epochs):
+        started = time.perf_counter()
+        states, metrics, batches = group_epoch(states, data, values, jnp.asarray(epoch, jnp.int32))
+        metrics, batches = jax.device_get((metrics, batches))
+        seconds = time.perf_counter() - started
+        records = [run.end_epoch(unstack(states, r), {k: v[r] for k, v in metrics.items()}, batches[r], seconds,
+                                 epoch) for r, run in enumerate(runs)]
+        _log_group_epoch(records)
+        if on_epoch_end is not None:
+            on_epoch_end(stage, epoch + 1, records)
+    return states
+
+
+def _log_group_epoch(records: list[dict]) -> None:
+    first, losses = records[0], [r["loss"] for r in records]
+    if len(records) == 1:
+        logging.info("%s epoch %d/%d  step %d  loss %.4f  fit %.4f  cql %.4f  Q %.3f  target %.3f  %.0f steps/s",
+                     first["stage"], first["epoch"], first["epochs"], first["step"], first["loss"], first["fit"],
+                     first["cql"], first["q_taken"], first["target"], first["steps_per_s"])
+    else:
+        logging.info("%s epoch %d/%d of %d runs together: loss %.4f (%.4f-%.4f)  %.0f steps/s per run, "
+                     "%.0f run-steps/s", first["stage"], first["epoch"], first["epochs"], len(records),
+                     np.mean(losses), min(losses), max(losses), first["steps_per_s"],
+                     first["steps_per_s"] * len(records))
+
+
+def offline_groups(runs: Sequence[StageRun]) -> list[list[StageRun]]:
+    """`runs` of one stage split into what can step together: same shape signature and resume epoch (a kill
+    between two runs' saves leaves them an epoch apart), finished runs left out."""
+    pending = [run for run in runs if run.resume_epoch() < run.epochs]
+    return grouped(pending, key=lambda run: (shape_signature(run.config), run.resume_epoch()))

@@ -1,0 +1,202 @@
+"""One run's books in one stage: where it resumes from, what it starts from, its checks, checkpoints and logs.
+
+Every stage of every run keeps its books here, whichever engine steps it (`engine.py` for MC and TD, `online.py`
+for the online stage): a resume is checked against the run that made the checkpoint (`check_resume`), a stage
+starts from the previous stage's finished parameters (`finished_params`), and nothing non-finite is ever saved
+(`check_losses`, `check_params`: one `checkpointing.NonFiniteError` for every stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from rivet_jax import checkpointing, run_identity, sharding
+from rivet_jax.checkpointing import NonFiniteError
+from rivet_jax.corpus import PreparedData
+from rivet_jax.learner import TrainState, from_saveable, init_train_state, saveable, template_state
+from rivet_jax.networks import RivetNet
+
+OFFLINE_STAGES = ("mc", "td")                # the epoch-trained stages, in training order
+ROUTER_STAGES = checkpointing.ROUTER_STAGES  # every stage whose checkpoint is a router: mc, td, online
+PREVIOUS = {"td": "mc", "online": "td"}      # the stage whose finished parameters a stage starts from
+
+
+def checkpoint_meta(config, prepared: PreparedData, stage: str) -> dict:
+    return {"stage": stage, "config": json.loads(config.to_json()), "pool": prepared.pool.to_json(),
+            "encoder": {"name": prepared.encoder.name, "dim": prepared.encoder.dim,
+                        "fingerprint": prepared.encoder.fingerprint},
+            "c_ref": prepared.c_ref, "state_dim": int(prepared.data.embeddings.shape[1]), "corpus": prepared.digest}
+
+
+def check_resume(meta: dict, config, prepared: PreparedData, stage: str, source: str) -> None:
+    """Refuses to continue stage `stage` from a checkpoint (its `meta`) made with another pool, encoder, config or
+    corpus (see `run_identity`), naming every difference in one error."""
+    problems = checkpointing.compatibility_problems(meta, prepared.pool, prepared.encoder.fingerprint, source=source)
+    changed = run_identity.resume_differences(meta, json.loads(config.to_json()), prepared.digest, stage)
+    if changed:
+        raise checkpointing.ConfigChangedError(
+            f"{source} was made by another run than this one ({'; '.join(problems + changed)}): train in a new "
+            f"workdir, or resume with the settings and logs it was made with")
+    if problems:
+        raise checkpointing.CheckpointMismatchError(f"{source} does not match this run: " + "; ".join(problems))
+
+
+def stored_c_ref(workdir: str | Path) -> float | None:
+    """c_ref fixed by an earlier stage of this workdir, so every stage reads the same rewards."""
+    for stage in OFFLINE_STAGES:
+        if checkpointing.stage_dir(workdir, stage).is_dir():
+            checkpoints = checkpointing.StageCheckpoints(workdir, stage)
+            if checkpoints.latest_epoch() is not None:
+                return checkpoints.restore_meta()["c_ref"]
+    return None
+
+
+def stage_epochs(config, stage: str) -> int:
+    """The length of an offline stage in epochs."""
+    return {"mc": config.mc_epochs, "td": config.td_epochs}[stage]
+
+
+def restore_state(checkpoints: checkpointing.StageCheckpoints, template: TrainState, epoch: int | None = None,
+                  mesh=None) -> TrainState:
+    """A TrainState checkpoint shaped like `template`; with a multi-device `mesh`, orbax restores every leaf straight
+    onto it, replicated (whatever device count saved it)."""
+    target = saveable(template)
+    placed = mesh is not None and mesh.size > 1
+    if placed:
+        target = checkpointing.abstract_tree(target, sharding.replicated(mesh))
+    restored, _ = checkpoints.restore(target, epoch=epoch)
+    return from_saveable(restored, placed=placed)
+
+
+def finished_params(config, workdir: Path, stage: str, prepared: PreparedData, template: TrainState,
+                    mesh=None) -> Any:
+    """The parameters `stage` starts from: those of the previous stage (`PREVIOUS`) once it ran all its epochs,
+    checked to be this run's (`check_resume`). Not finished: FileNotFoundError naming what to run first."""
+    previous = PREVIOUS[stage]
+    checkpoints = checkpointing.StageCheckpoints(workdir, previous)
+    done, needed = checkpoints.latest_epoch(), stage_epochs(config, previous)
+    if done is None or done < needed:
+        raise FileNotFoundError(f"stage '{stage}' starts from a finished '{previous}' stage, but "
+                                f"{checkpoints.directory} has {'no checkpoint' if done is None else f'{done}/{needed} epochs'}"
+                                f": run --config.stage={previous} first")
+    check_resume(checkpoints.restore_meta(done), config, prepared, stage, str(checkpoints.directory))
+    params = restore_state(checkpoints, template, done, mesh).params
+    checkpoints.close()
+    return params
+
+
+# ---------------------------------------------------------------------------------------------- non-finite
+
+
+def suspects(config, c_ref: float, stage: str) -> str:
+    """The settings that scale a loss or a step, with their values: the usual causes of a divergence."""
+    lr = f"online.lr={config.online.lr}" if stage == "online" else f"optim.lr={config.optim.lr}"
+    return (f"{lr}, reward.lam={config.reward.lam}, reward.gamma={config.reward.gamma}, c_ref={c_ref}, "
+            f"loss.alpha={config.loss.alpha}, loss.beta={config.loss.beta}, optim.clip_norm={config.optim.clip_norm}")
+
+
+def check_losses(losses: np.ndarray, where: str, first_step: int, config, c_ref: float, stage: str,
+                 batch_episodes=None) -> None:
+    """Raises NonFiniteError at the first non-finite loss of `losses` (per step, steps first_step + 1, ...), naming
+    the step, the episodes of its batch (`batch_episodes(i)`, when the batch is known) and, when it diverged at the
+    stage's very first step, the settings: before any update could drift they are as suspect as the data."""
+    bad = np.flatnonzero(~np.isfinite(np.asarray(losses)))
+    if not bad.size:
+        return
+    i = int(bad[0])
+    step = first_step + i + 1
+    held = ""
+    if batch_episodes is not None:
+        episodes = batch_episodes(i)
+        held = f"; the batch held episodes {episodes[:10]}{' ...' if len(episodes) > 10 else ''}"
+    blame = f"; at the stage's first step: suspect the config ({suspects(config, c_ref, stage)})" if step == 1 else ""
+    raise NonFiniteError(f"{where}: non-finite loss {losses[i]} at step {step}{held}{blame}")
+
+
+def check_params(state: TrainState, where: str, when: str, config, c_ref: float, stage: str) -> None:
+    """Raises NonFiniteError when `state`'s parameters hold NaN or inf (every loss finite, yet the last update
+    overflowed): saved, they would route on NaN."""
+    bad = checkpointing.non_finite_leaves(state.params)
+    if bad:
+        raise NonFiniteError(f"{where}: the parameters {bad[:3]}{' ...' if len(bad) > 3 else ''} hold NaN or inf "
+                             f"{when}; nothing of it was saved. Suspect the config: {suspects(config, c_ref, stage)}")
+
+
+# --------------------------------------------------------------------------------------------- offline books
+
+
+@dataclasses.dataclass
+class StageRun:
+    """One run's side of an offline stage (MC or TD): where it resumes from, its start, checkpoints and logs."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    stage: str
+    prepared: PreparedData
+    checkpoints: checkpointing.StageCheckpoints
+
+    @classmethod
+    def open(cls, config, workdir: str | Path, stage: str, prepared: PreparedData) -> "StageRun":
+        if stage not in OFFLINE_STAGES:
+            raise ValueError(f"unknown stage {stage!r}; known: {OFFLINE_STAGES}")
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep,
+                                                     repair=True)
+        if checkpoints.latest_epoch() is not None:  # a resume, or a finished stage: either way the same run
+            check_resume(checkpoints.restore_meta(), config, prepared, stage, str(checkpoints.directory))
+        return cls(config, workdir, stage, prepared, checkpoints)
+
+    @property
+    def epochs(self) -> int:
+        return stage_epochs(self.config, self.stage)
+
+    def resume_epoch(self) -> int:
+        return self.checkpoints.latest_epoch() or 0
+
+    def start(self, net: RivetNet, tx, mesh=None) -> TrainState:
+        """The state after `resume_epoch()` epochs: restored from this stage's checkpoint, or a new stage's start
+        (MC from initialisation; TD from the finished MC stage, fresh optimizer, target = online)."""
+        template = template_state(self.config, net, tx, int(self.prepared.data.embeddings.shape[1]),
+                                  self.prepared.pool, self.stage)
+        resume = self.checkpoints.latest_epoch()
+        if resume is not None:
+            logging.info("Resuming stage %s from %s after epoch %d/%d", self.stage, self.checkpoints.directory,
+                         resume, self.epochs)
+            return restore_state(self.checkpoints, template, resume, mesh)
+        if self.stage == "mc":
+            return template
+        return init_train_state(net, tx, finished_params(self.config, self.workdir, self.stage, self.prepared,
+                                                         template, mesh), template.key)
+
+    def end_epoch(self, state: TrainState, metrics: dict, batches: np.ndarray, seconds: float, epoch: int) -> dict:
+        """After epoch `epoch` (0-based) of `metrics` (per step, numpy): the non-finite checks (losses, then
+        parameters), the checkpoint, and the metrics.jsonl record (written after the save: a logged epoch is never
+        lost to a kill)."""
+        first_step = int(state.step) - len(metrics["loss"])
+        replay = self.prepared.replay
+        where, c_ref = f"stage {self.stage}", self.prepared.c_ref
+        check_losses(metrics["loss"], where, first_step, self.config, c_ref, self.stage,
+                     lambda i: sorted({replay.episode_ids[e] for e in replay.episode[np.asarray(batches[i])]}))
+        check_params(state, where, f"after epoch {epoch + 1} (step {int(state.step)})", self.config, c_ref,
+                     self.stage)
+        record = {"stage": self.stage, "epoch": epoch + 1, "epochs": self.epochs, "step": int(state.step),
+                  **{k: float(np.mean(v)) for k, v in metrics.items()},
+                  "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
+        if (epoch + 1) % self.config.checkpoint_every_epochs == 0 or epoch + 1 == self.epochs:
+            self.checkpoints.save(epoch + 1, saveable(state), checkpoint_meta(self.config, self.prepared, self.stage))
+        if jax.process_index() == 0:  # one record per epoch, not one per host
+            with open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+        return record
+
+    def close(self) -> None:
+        self.checkpoints.close()
