@@ -16,6 +16,7 @@ from absl import app, flags, logging
 from rivet_jax import checkpointing
 from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.run_identity import flatten
+from rivet_jax.settings import SETTINGS
 from rivet_jax.corpus import NoCorpusError
 from rivet_jax.data.schema import DataError
 from rivet_jax.workdir_lock import WorkdirBusyError
@@ -119,7 +120,7 @@ def _config_named_in(argv: list[str]):
 
 
 def _print_help(argv: list[str]) -> None:
-    """absl's usage (the launcher's docstring and flags), then every config key with its value."""
+    """absl's usage (the launcher's docstring and flags), then every config key with its value and meaning."""
     try:
         flags.FLAGS(argv, known_only=True)   # loads --config (and its overrides); required flags may be missing
     except (flags.Error, AttributeError, KeyError):
@@ -127,7 +128,8 @@ def _print_help(argv: list[str]) -> None:
     app.usage(shorthelp=True, writeto_stdout=True)
     config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
     if config is not None:
-        print("\nconfig keys (override any with --config.KEY=VALUE):")
+        print("\nconfig keys (override any with --config.KEY=VALUE; what each means, from rivet_jax/settings.py):")
         for key, value in flatten(config.to_dict()).items():
-            print(f"  --config.{key}={value!r}")
+            setting = SETTINGS.get(key)
+            print(f"  --config.{key}={value!r}" + (f"\n      {setting.meaning}" if setting is not None else ""))
 

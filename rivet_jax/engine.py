@@ -46,6 +46,7 @@ from rivet_jax.corpus import TrainData, gather_batch
 from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
                                shape_signature, stack, unstack, with_run_rewards)
 from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.settings import LossWeights, Optim, UpdateRule
 from rivet_jax.stage_run import StageRun
 
 
@@ -54,7 +55,8 @@ def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callabl
 
     `values` (one run's `RunValues`) give its rewards and loss weights; without them the replay's own rewards and
     `config.loss`'s weights. With a multi-device `mesh` the batch is split over its `data` axis."""
-    update = make_update(net, tx, config, stage)
+    update = make_update(net, tx, UpdateRule.of(config), stage)
+    own_weights = LossWeights.of(config)
     split = mesh is not None and mesh.shape[sharding.DATA] > 1
 
     def train_step(state: TrainState, data: TrainData, idx: jax.Array, values: RunValues | None = None):
@@ -63,17 +65,17 @@ def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callabl
             batch = with_run_rewards(batch, values, idx)
         if split:
             batch = sharding.shard_batch(batch, mesh)
-        return update(state, batch, data.cards(), None if values is None else values.weights)
+        return update(state, batch, data.cards(), own_weights if values is None else values.weights)
 
     return train_step
 
 
 def over_runs(config, mesh, run_fn: Callable, runs) -> tuple:
     """`run_fn` applied to every run of the stacked `runs`: vmapped with the run axis split over the mesh's `runs`
-    shards, or within one shard as `lax.map` (`runs_vmapped(config)` runs per step; a CPU one after another)."""
+    shards, or within one shard as `lax.map` (`config.runs_vmapped` runs per step; a CPU one after another)."""
     if mesh is not None and mesh.shape[sharding.RUNS] > 1:
         return jax.vmap(run_fn, spmd_axis_name=sharding.RUNS)(*runs)
-    return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_vmapped(config))
+    return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_vmapped(config.get("runs_vmapped", -1)))
 
 
 def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
@@ -97,7 +99,7 @@ def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
 def make_group_chunk(net: RivetNet, tx, config, stage: str) -> Callable:
     """jit'ed (states, batches (R, K, B, ...), cards, weights (R,)) -> (states, per-step metrics (R, K)): K
     host-gathered batches of every run in one scan."""
-    update = make_update(net, tx, config, stage)
+    update = make_update(net, tx, UpdateRule.of(config), stage)
 
     @functools.partial(jax.jit, donate_argnums=0)
     def group_chunk(states: TrainState, batches, cards, weights):
@@ -169,12 +171,12 @@ def train_together(runs: Sequence[StageRun], on_epoch_end: Callable | None = Non
     """Steps `runs` (one stage, one shape signature, one resume epoch) to the stage's end as one program; returns
     their stacked final states. `on_epoch_end(stage, epoch, records)` follows every epoch (records: one per run)."""
     config, stage, data = runs[0].config, runs[0].stage, runs[0].prepared.data
-    net, tx = make_network(config), make_optimizer(config)
+    net, tx = make_network(config), make_optimizer(Optim.of(config))
     mesh = group_mesh(config, len(runs), data.on_host)
     # Restored replicated on a data-only mesh (one run's layout); `place` then splits them over the run shards.
     restore_mesh = mesh if mesh.shape[sharding.RUNS] == 1 else None
     states = stack([run.start(net, tx, restore_mesh) for run in runs])
-    values = run_values([run.config for run in runs], [run.prepared.data.replay for run in runs])
+    values = run_values([LossWeights.of(run.config) for run in runs], [run.prepared.data.replay for run in runs])
     states, data, values = place(states, data, values, mesh)
     make_epoch = make_host_fed_group_epoch if data.on_host else make_group_epoch
     group_epoch = make_epoch(net, tx, config, stage, mesh)

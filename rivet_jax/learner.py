@@ -1,7 +1,9 @@
 """The learner: TrainState, the optimizer (App. B.2) and one gradient update of Eq. 11.
 
-Every stage (MC, TD, online) steps its state through `make_update`; the epoch engines that feed it batches are in
-`train.py`, the loss it differentiates is `losses.rivet_loss`.
+Every stage (MC, TD, online) steps its state through `make_update`; the engines that feed it batches are
+`engine.py` (MC, TD) and `online.py`, the loss it differentiates is `losses.rivet_loss`. It takes plain values
+(`settings.Optim`, `settings.UpdateRule`, `settings.LossWeights`, a seed), never a ConfigDict: the engines read the
+config once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -24,6 +25,7 @@ from rivet_jax.data.replay import Batch
 from rivet_jax.data.schema import ModelPool
 from rivet_jax.networks import RivetNet, init_params
 from rivet_jax.run_identity import flatten
+from rivet_jax.settings import PER_RUN, LossWeights, Optim, UpdateRule
 
 # Every stage's PRNG stream is folded from the run seed with its own id.
 STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
@@ -38,16 +40,14 @@ class TrainState:
     key: jax.Array   # typed PRNG key of this stage
 
 
-def make_optimizer(config: ml_collections.ConfigDict, learning_rate: float | None = None):
-    """AdamW with global-norm clipping (App. B.2).
+def make_optimizer(optim: Optim):
+    """AdamW with global-norm clipping (App. B.2); `Optim.of(config)` reads it from a config.
 
     `optax.flatten` runs the update on one raveled parameter vector: the same arithmetic, but a handful of large
     fused kernels instead of a few per parameter leaf, which halves the optimizer's compile time on CPU.
     """
-    return optax.flatten(optax.chain(
-        optax.clip_by_global_norm(config.optim.clip_norm),
-        optax.adamw(config.optim.lr if learning_rate is None else learning_rate,
-                    weight_decay=config.optim.weight_decay)))
+    return optax.flatten(optax.chain(optax.clip_by_global_norm(optim.clip_norm),
+                                     optax.adamw(optim.lr, weight_decay=optim.weight_decay)))
 
 
 def stage_key(seed: int, stage: str) -> jax.Array:
@@ -60,9 +60,10 @@ def init_train_state(net: RivetNet, tx, params: Any, key: jax.Array) -> TrainSta
                       step=jnp.zeros((), jnp.int32), key=key)
 
 
-def template_state(config, net: RivetNet, tx, state_dim: int, pool: ModelPool, stage: str) -> TrainState:
-    """A freshly initialised state of `stage`: the starting point of MC, and the tree shape every restore fills."""
-    key = stage_key(config.seed, stage)
+def template_state(seed: int, net: RivetNet, tx, state_dim: int, pool: ModelPool, stage: str) -> TrainState:
+    """A freshly initialised state of `stage` of run `seed`: the starting point of MC, and the tree shape every
+    restore fills."""
+    key = stage_key(seed, stage)
     cards = placeholder_cards(pool, state_dim)
     params = init_params(net, jax.random.fold_in(key, 1_000_003), state_dim, cards)
     return init_train_state(net, tx, params, key)
@@ -77,17 +78,18 @@ def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState
     return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step)
 
 
-def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
-    """One gradient update on a gathered batch: (state, batch, cards[, weights]) -> (state, metrics). Not jit'ed.
+def make_update(net: RivetNet, tx, rule: UpdateRule, stage: str) -> Callable:
+    """One gradient update on a gathered batch: (state, batch, cards, weights) -> (state, metrics). Not jit'ed.
 
-    `weights` (`losses.LossWeights`) default to `config.loss`'s; a run group passes each run's as traced values."""
-    loss_fn = functools.partial(losses.rivet_loss, net=net, config=config, stage=stage)
+    `weights` (`LossWeights`): a run's own, as plain floats or (a run group) traced values."""
+    loss_fn = functools.partial(losses.rivet_loss, net=net, gamma=rule.gamma, huber_delta=rule.huber_delta,
+                                stage=stage)
 
-    def update(state: TrainState, batch: Batch, cards, weights: losses.LossWeights | None = None):
+    def update(state: TrainState, batch: Batch, cards, weights: LossWeights):
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
                                                                          cards, weights)
         metrics["grad_norm"] = optax.tree.norm(grads)
-        return apply_gradients(state, tx, grads, config.target_sync_steps), metrics
+        return apply_gradients(state, tx, grads, rule.sync_steps), metrics
 
     return update
 
@@ -95,15 +97,11 @@ def make_update(net: RivetNet, tx, config, stage: str) -> Callable:
 # ------------------------------------------------------------------------------- many runs as one program
 
 
-# The settings the runs of one group may differ in: values the vmapped program reads, or bookkeeping.
-VALUE_KEYS = ("seed", "stage", "loss.alpha", "loss.beta", "loss.zero_response", "loss.cql_on", "reward.lam",
-              "runs_vmapped", "online.curve_points")
-
-
 def shape_signature(config) -> str:
-    """Everything in `config` but `VALUE_KEYS`: runs with equal signatures can train as one program."""
-    settings = {k: v for k, v in flatten(config.to_dict()).items() if k not in VALUE_KEYS}
-    return json.dumps(settings, sort_keys=True, default=str)
+    """Everything in `config` but the keys runs of one group may differ in (`settings.PER_RUN`: values the group's
+    program reads, or bookkeeping): runs with equal signatures can train as one program."""
+    shared = {k: v for k, v in flatten(config.to_dict()).items() if k not in PER_RUN}
+    return json.dumps(shared, sort_keys=True, default=str)
 
 
 def grouped(items: Sequence, key: Callable) -> list[list]:
@@ -111,10 +109,9 @@ def grouped(items: Sequence, key: Callable) -> list[list]:
     return [list(group) for _, group in itertools.groupby(sorted(items, key=key), key=key)]
 
 
-def runs_vmapped(config) -> int | None:
-    """`lax.map`'s batch size over a run group: `config.runs_vmapped` (0 = every run vmapped into each step), or
-    for -1 every run on an accelerator and one at a time (None: a sequential map) on a CPU."""
-    vmapped = config.get("runs_vmapped", -1)
+def runs_vmapped(vmapped: int) -> int | None:
+    """`lax.map`'s batch size over a run group for the setting `runs_vmapped` (0 = every run vmapped into each
+    step), or for -1 every run on an accelerator and one at a time (None: a sequential map) on a CPU."""
     if vmapped < 0:
         vmapped = 1 if jax.default_backend() == "cpu" else 0
     return None if vmapped == 1 else vmapped
@@ -123,16 +120,15 @@ def runs_vmapped(config) -> int | None:
 class RunValues(NamedTuple):
     """What differs between the runs of a group (`rivet_jax.engine`) besides their states: leading axis R."""
 
-    weights: losses.LossWeights  # each (R,) float32
+    weights: LossWeights  # each (R,) float32
     reward: jax.Array            # (R, N) float32 r_t of the logged replay at each run's lambda
     mc_return: jax.Array         # (R, N) float32 G_t at each run's lambda
 
 
-def run_values(configs: Sequence, replays: Sequence[dict]) -> RunValues:
-    """The values of runs (configs[r], the `TrainData.replay` of its corpus read at its lambda)."""
-    weights = [losses.LossWeights.of(config) for config in configs]
+def run_values(weights: Sequence[LossWeights], replays: Sequence[dict]) -> RunValues:
+    """The values of runs r = (its loss weights, the `TrainData.replay` of its corpus read at its lambda)."""
     column = lambda name: jnp.stack([jnp.asarray(replay[name], jnp.float32) for replay in replays])
-    return RunValues(weights=losses.LossWeights(*(jnp.asarray(w, jnp.float32) for w in zip(*weights))),
+    return RunValues(weights=LossWeights(*(jnp.asarray(w, jnp.float32) for w in zip(*weights))),
                      reward=column("reward"), mc_return=column("mc_return"))
 
 

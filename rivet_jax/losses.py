@@ -18,14 +18,13 @@ for every max, argmax and logsumexp, so an unavailable model never supplies a ta
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import chex
 import jax
 import jax.numpy as jnp
 
 from rivet_jax.data.replay import Batch
 from rivet_jax.networks import RivetNet
+from rivet_jax.settings import LossWeights
 
 Array = chex.Array
 
@@ -78,36 +77,13 @@ batched_double_dqn_target = jax.vmap(double_dqn_target, in_axes=(0, 0, None, 0, 
 batched_cql = jax.vmap(cql)
 
 
-CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition, or the stochastic choices only
-
-
-class LossWeights(NamedTuple):
-    """The weights of Eq. 7 and 11 that a run may change without changing a shape: Python floats for one run, or
-    traced scalars when many runs train as one vmapped program (`rivet_jax.engine`)."""
-
-    alpha: Any     # CQL weight; 0 = "w/o CQL"
-    beta: Any      # RIVE weight; 0 = "w/o RIVE"
-    response: Any  # 1 = RIVE reads e(o_t); 0 = "w/o response" (a zero vector)
-    cql_stochastic_only: Any = 0.0  # 1 = CQL only where the logged choice was stochastic (`loss.cql_on`)
-
-    @classmethod
-    def of(cls, config) -> "LossWeights":
-        cql_on = config.loss.get("cql_on", "all")
-        if cql_on not in CQL_ON:
-            raise ValueError(f"config.loss.cql_on must be one of {CQL_ON}, got {cql_on!r}")
-        return cls(alpha=config.loss.alpha, beta=config.loss.beta, response=0.0 if config.loss.zero_response else 1.0,
-                   cql_stochastic_only=float(cql_on == "stochastic"))
-
-
-
-def rivet_loss(params, target_params, batch: Batch, cards, weights: LossWeights | None = None, *, net: RivetNet,
-               config, stage: str):
+def rivet_loss(params, target_params, batch: Batch, cards, w: LossWeights, *, net: RivetNet, gamma: float,
+               huber_delta: float, stage: str):
     """Eq. 11 on a batch, and its metrics: L_MC = fit(G_t) (`stage` 'mc'), L_TD = fit(Y_t) + alpha CQL ('td').
 
-    `cards` = (e_m (M, D), x_m (M, F), mask (M, F)); `weights` (default: `config.loss`'s) sets alpha, beta and the
-    zero-response ablation, `config.loss.huber_delta` delta, `config.reward.gamma` the discount.
+    `cards` = (e_m (M, D), x_m (M, F), mask (M, F)); `w` sets alpha, beta and the zero-response ablation (plain
+    floats, or a run's traced values), `huber_delta` Eq. 7's delta, `gamma` the discount of the TD target.
     """
-    w = LossWeights.of(config) if weights is None else weights
     e_o = batch.e_o * w.response
     q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o,
                               method=RivetNet.q_both)                                              # (B, M), (B,)
@@ -117,10 +93,10 @@ def rivet_loss(params, target_params, batch: Batch, cards, weights: LossWeights 
         q_tp1_online = net.apply({"params": params}, batch.h_tp1, cards, method=RivetNet.q_route)         # (B, M)
         q_tp1_target = net.apply({"params": target_params}, batch.h_tp1, cards, method=RivetNet.q_route)  # (B, M)
         # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
-        target = batched_double_dqn_target(batch.reward, batch.done, config.reward.gamma,
+        target = batched_double_dqn_target(batch.reward, batch.done, gamma,
                                            jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)
     q_taken = jnp.take_along_axis(q_all, batch.action[:, None], axis=1)[:, 0]  # (B,)
-    fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, w.beta, config.loss.huber_delta))
+    fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, w.beta, huber_delta))
     # Each transition's CQL weight: 1, or (cql_on = "stochastic") whether its logged choice was a draw; the mean is
     # over the weighted transitions, so alpha keeps its scale whatever share of the logs is stochastic.
     where = 1.0 - w.cql_stochastic_only * (1.0 - batch.stochastic)                                         # (B,)

@@ -44,6 +44,7 @@ from rivet_jax.learner import (RunValues, TrainState, from_saveable, grouped, in
 from rivet_jax.networks import make_network
 from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
+from rivet_jax.settings import LossWeights, Optim, UpdateRule
 from rivet_jax.stage_run import check_losses, check_params, check_resume, checkpoint_meta, finished_params
 
 STAGE, PROGRESS = "online", "online_progress"
@@ -92,7 +93,7 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
     With a multi-device `mesh` each batch is split over its devices (states and replays replicated)."""
     batch_size = config.optim.batch_size
     half = batch_size // 2
-    step = make_update(net, tx, config, "td")
+    step = make_update(net, tx, UpdateRule.of(config), "td")
 
     def run_update(state: TrainState, logged: TrainData, values: RunValues, new: Batch, run: jax.Array,
                    num_new: jax.Array, active: jax.Array):
@@ -114,7 +115,7 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
         # vmapped over a whole chunk (GPU/TPU); a chunk of one is a map of length one, where `lax.cond` really
         # skips an idle run's update (under vmap it would be a select computing both branches).
         return jax.lax.map(lambda r: run_update(r[0], logged, r[1], new, *r[2:]),
-                           (states, values, runs, num_new, active), batch_size=runs_vmapped(config))
+                           (states, values, runs, num_new, active), batch_size=runs_vmapped(config.get("runs_vmapped", -1)))
 
     return group_update
 
@@ -242,12 +243,13 @@ class RunChunks:
     and out of a stacked step there costs more than the update itself; idle chunks are skipped)."""
 
     def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch], mesh):
-        vmapped = runs_vmapped(runs[0].config)  # 0: all of them; None: one at a time
+        vmapped = runs_vmapped(runs[0].config.get("runs_vmapped", -1))  # 0: all of them; None: one at a time
         size = len(runs) if vmapped == 0 else vmapped or 1
         self.members = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
         self.states = [stack([states[r] for r in m]) for m in self.members]
         self.replays = [stack([replays[r] for r in m]) for m in self.members]
-        self.values = [run_values([runs[r].config for r in m], [runs[r].prepared.data.replay for r in m])
+        self.values = [run_values([LossWeights.of(runs[r].config) for r in m],
+                                  [runs[r].prepared.data.replay for r in m])
                        for m in self.members]
         if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
             self.states, self.replays, self.values = sharding.replicate((self.states, self.replays, self.values),
@@ -394,8 +396,8 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
     for config, workdir, data in zip(configs, workdirs, prepared):
         # One network and optimizer per shape signature: their jit'ed functions then compile once, not per run.
         net, tx = learners.setdefault(shape_signature(config), (make_network(config), make_optimizer(
-            config, learning_rate=config.online.lr)))
-        template = template_state(config, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
+            Optim.of(config, learning_rate=config.online.lr))))
+        template = template_state(config.seed, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
         opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
     pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
     for members in grouped(pending, key=lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)):

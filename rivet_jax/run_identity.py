@@ -2,11 +2,11 @@
 
 A resume continues the run whose checkpoints are in the workdir, so everything that shaped those parameters must
 be what this run would use; otherwise the result would silently mix two runs. Which settings count, for a run
-resuming (or starting) stage S:
+resuming (or starting) stage S, is declared per key in `settings.SETTINGS` (`settings.resume_kind`):
 
-    identity    seed, max_state_tokens, target_sync_steps; every key of data, reward, model, loss, optim;
-                the epoch counts of the stages before S (their finished parameters are S's start);
-                for the online stage resuming itself: online and sim (its schedule and its environment)
+    identity    RUN keys (seed, max_state_tokens, target_sync_steps; data, reward, model, loss, optim);
+                EPOCHS keys of the stages before S (their finished parameters are S's start);
+                for the online stage resuming itself: ONLINE keys (online and sim: its schedule and environment)
     by content  the logs (data.episodes, data.cards): their sha256, not their paths, so moved logs still resume;
                 the encoder: its fingerprint (checkpointing.check_compatible), not its batch size or weights path
     free        S's own epoch count (raise it to train longer; lower it, but not below the epochs already done),
@@ -23,15 +23,10 @@ import hashlib
 import os
 from typing import Any
 
+from rivet_jax.settings import EPOCHS, ONLINE, RUN, resume_kind
+
 STAGES = ("mc", "td", "online")  # training order
 EPOCH_KEYS = {"mc": "mc_epochs", "td": "td_epochs"}
-RUN_KEYS = frozenset({"seed", "max_state_tokens", "target_sync_steps"})
-RUN_SECTIONS = frozenset({"data", "reward", "model", "loss", "optim"})
-STAGE_SECTIONS = {"online": frozenset({"online", "sim"})}
-# Inside the identity sections but harmless: where things are read from or cached, how batches are fed, and a
-# guard that only refuses (the records skipped are those of skip_invalid and the logs' bytes).
-FREE_KEYS = frozenset({"data.episodes", "data.cards", "data.embedding_cache", "data.embeddings_on_disk",
-                       "data.host_chunk_steps", "data.max_skipped_fraction"})
 UNSET = "<unset>"
 
 
@@ -73,12 +68,10 @@ def corpus_digest(episodes: str | os.PathLike, cards: str | os.PathLike) -> dict
 def is_identity(key: str, stage: str, resuming: bool) -> bool:
     """Whether `key` must be unchanged for stage `stage` to continue from a checkpoint (of `stage` itself when
     `resuming`, else of an earlier stage whose parameters it starts from)."""
-    if key in FREE_KEYS:
-        return False
-    section = key.split(".")[0]
+    kind = resume_kind(key)
     earlier = STAGES[:STAGES.index(stage)]
-    return (key in RUN_KEYS or section in RUN_SECTIONS or key in {EPOCH_KEYS.get(s) for s in earlier}
-            or (resuming and section in STAGE_SECTIONS.get(stage, ())))
+    return (kind == RUN or (kind == EPOCHS and key in {EPOCH_KEYS.get(s) for s in earlier})
+            or (kind == ONLINE and resuming and stage == "online"))
 
 
 def resume_differences(meta: dict, config: dict, digest: dict[str, str] | None, stage: str) -> list[str]:

@@ -23,6 +23,8 @@ from rivet_jax.checkpointing import NonFiniteError
 from rivet_jax.corpus import PreparedData
 from rivet_jax.learner import TrainState, from_saveable, init_train_state, saveable, template_state
 from rivet_jax.networks import RivetNet
+from rivet_jax.run_identity import flatten
+from rivet_jax.settings import SUSPECTS
 
 OFFLINE_STAGES = ("mc", "td")                # the epoch-trained stages, in training order
 ROUTER_STAGES = checkpointing.ROUTER_STAGES  # every stage whose checkpoint is a router: mc, td, online
@@ -97,10 +99,11 @@ def finished_params(config, workdir: Path, stage: str, prepared: PreparedData, t
 
 
 def suspects(config, c_ref: float, stage: str) -> str:
-    """The settings that scale a loss or a step, with their values: the usual causes of a divergence."""
-    lr = f"online.lr={config.online.lr}" if stage == "online" else f"optim.lr={config.optim.lr}"
-    return (f"{lr}, reward.lam={config.reward.lam}, reward.gamma={config.reward.gamma}, c_ref={c_ref}, "
-            f"loss.alpha={config.loss.alpha}, loss.beta={config.loss.beta}, optim.clip_norm={config.optim.clip_norm}")
+    """The settings that scale a loss or a step (`settings.SUSPECTS`: the stage's own learning rate first), with
+    their values and c_ref: the usual causes of a divergence."""
+    values = flatten(config.to_dict())
+    keys = ["online.lr" if stage == "online" else "optim.lr"] + [key for key in SUSPECTS if not key.endswith(".lr")]
+    return ", ".join([f"{key}={values[key]}" for key in keys] + [f"c_ref={c_ref}"])
 
 
 def check_losses(losses: np.ndarray, where: str, first_step: int, config, c_ref: float, stage: str,
@@ -165,7 +168,7 @@ class StageRun:
     def start(self, net: RivetNet, tx, mesh=None) -> TrainState:
         """The state after `resume_epoch()` epochs: restored from this stage's checkpoint, or a new stage's start
         (MC from initialisation; TD from the finished MC stage, fresh optimizer, target = online)."""
-        template = template_state(self.config, net, tx, int(self.prepared.data.embeddings.shape[1]),
+        template = template_state(self.config.seed, net, tx, int(self.prepared.data.embeddings.shape[1]),
                                   self.prepared.pool, self.stage)
         resume = self.checkpoints.latest_epoch()
         if resume is not None:

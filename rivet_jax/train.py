@@ -22,6 +22,7 @@ from rivet_jax.envs.base import Env
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.learner import TrainState, grouped, make_optimizer, shape_signature, unstack
 from rivet_jax.networks import make_network
+from rivet_jax.settings import Optim
 from rivet_jax.stage_run import OFFLINE_STAGES, ROUTER_STAGES, StageRun, stored_c_ref
 from rivet_jax.workdir_lock import hold_workdirs
 
@@ -104,6 +105,6 @@ def train(config, workdir: str | Path, on_epoch_end: Callable | None = None, env
     state = train_group([config], [workdir], hook, env, [prepared])[0]
     if state is None:  # the last stage had finished before this call: an offline one (online returns its best)
         run = StageRun.open(config, workdir, stages_of(config)[-1], prepared)
-        state = run.start(make_network(config), make_optimizer(config))
+        state = run.start(make_network(config), make_optimizer(Optim.of(config)))
         run.close()
     return state

@@ -4,6 +4,7 @@ import json
 
 from configs import default
 from rivet_jax.bench import benchmark
+from rivet_jax.settings import LossWeights, Optim, UpdateRule
 
 
 def test_benchmark_reports_everything(tmp_path):
@@ -56,11 +57,12 @@ def test_analytic_update_flops_match_the_matmuls_jax_traces():
     config = default.get_config("tiny")
     pool = benchmark.synthetic_pool(3)
     data = benchmark.synthetic_data(50, config.encoder.dim, pool)
-    net, tx = make_network(config), make_optimizer(config)
+    net, tx = make_network(config), make_optimizer(Optim.of(config))
     batch = gather_batch(data, np.arange(config.optim.batch_size))
     for stage in ("mc", "td"):
-        state = template_state(config, net, tx, config.encoder.dim, pool, stage)
-        traced = jax.make_jaxpr(make_update(net, tx, config, stage))(state, batch, data.cards())
+        state = template_state(config.seed, net, tx, config.encoder.dim, pool, stage)
+        traced = jax.make_jaxpr(make_update(net, tx, UpdateRule.of(config), stage))(state, batch, data.cards(),
+                                                                               LossWeights.of(config))
         expected = _dot_flops(traced.jaxpr)
         assert benchmark.update_matmul_flops(config, 3, int(data.card_x.shape[1]), stage) == expected, stage
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from configs import default, mint, routesim
-from rivet_jax import train
+from rivet_jax import config_checks, run_identity, settings, train
 from rivet_jax.config_checks import ConfigError, check_config, config_problems
 from rivet_jax.experiments.common import with_overrides
+from rivet_jax.run_identity import flatten
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,3 +72,22 @@ def test_launcher_config_mistakes_are_one_line(tmp_path):
     helped = _launch("--help")
     assert helped.returncode == 0
     assert "--config.reward.lam=0.05" in helped.stdout and "--config.optim.batch_size=16" in helped.stdout
+    assert "--config.reward.lam=0.05\n      lambda, the cost weight of Eq. 1\n" in helped.stdout  # what it means
+
+
+def test_every_key_of_the_training_config_is_declared_once():
+    """What a key means, its check and whether a resume may change it come from one table (settings.SETTINGS):
+    every key of configs/default.py is in it, and the checks and resume rules read it."""
+    keys = set(flatten(default.get_config().to_dict()))
+    assert keys - set(settings.SETTINGS) == set()
+    assert {key for key, (test, _) in config_checks.RULES.items() if key in keys} == {
+        key for key in keys if settings.SETTINGS[key].check is not settings.anything}
+    assert run_identity.is_identity("loss.alpha", "mc", resuming=True)           # RUN
+    assert not run_identity.is_identity("mc_epochs", "mc", resuming=True)        # EPOCHS: its own stage's count
+    assert run_identity.is_identity("mc_epochs", "td", resuming=False)           # ... fixed for the stages after
+    assert run_identity.is_identity("online.lr", "online", resuming=True)        # ONLINE, resuming online
+    assert not run_identity.is_identity("online.lr", "td", resuming=True)
+    assert not run_identity.is_identity("data.episodes", "td", resuming=True)    # FREE: compared by content
+    assert settings.resume_kind("loss.added_since") == settings.RUN              # undeclared: its section's kind
+    assert settings.PER_RUN == {"seed", "stage", "runs_vmapped", "reward.lam", "loss.alpha", "loss.beta",
+                                "loss.zero_response", "loss.cql_on", "online.curve_points"}

@@ -8,11 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs import routesim as routesim_config
-from rivet_jax import train
 from rivet_jax.envs import oracle
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import diagnostics, routesim
+from rivet_jax.experiments import diagnostics
 from rivet_jax.router import Router
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +34,8 @@ def test_compare_by_hand():
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("diagnose")
-    config = routesim_config.get_config("tiny")
-    train.train(routesim.training_config(config, routesim.collect(config, workdir)), workdir / "train")
+def trained(routesim_tiny_run):
+    config, workdir, _ = routesim_tiny_run
     return config, workdir
 
 

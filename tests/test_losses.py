@@ -114,7 +114,8 @@ def test_cql_on_stochastic_choices_only_averages_over_those_transitions():
     per_row = np.array([losses.cql(q[i], batch.action[i], batch.available[i]) for i in range(b)])
     for cql_on, expected in (("all", per_row.mean()), ("stochastic", per_row[[0, 2]].mean())):
         cfg = with_overrides(config, {"loss.cql_on": cql_on})
-        loss, metrics = losses.rivet_loss(params, params, batch, cards, net=net, config=cfg, stage="td")
+        loss, metrics = losses.rivet_loss(params, params, batch, cards, losses.LossWeights.of(cfg), net=net,
+                                          gamma=cfg.reward.gamma, huber_delta=cfg.loss.huber_delta, stage="td")
         assert float(metrics["cql"]) == pytest.approx(expected, rel=1e-5)
         assert float(loss) == pytest.approx(float(metrics["fit"]) + cfg.loss.alpha * expected, rel=1e-5)
     with pytest.raises(ValueError, match="cql_on must be one of"):

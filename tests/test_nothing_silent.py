@@ -15,23 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
 from rivet_jax import checkpointing, corpus, engine, run_identity, stage_run, train
-from rivet_jax.experiments.common import check_same_config, with_overrides
+from rivet_jax.experiments.common import check_same_config
 from rivet_jax.networks import rve_params
 from rivet_jax.router import Router
 from rivet_jax.workdir_lock import WorkdirBusyError, hold_workdir
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**overrides):
-    return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
-
-
-def run_stage(config, workdir, stage, **kwargs):
-    """One stage of `config`'s run in `workdir` (`train.train` with config.stage = stage)."""
-    return train.train(with_overrides(config, {"stage": stage}), workdir, **kwargs)
+from tests.common import REPO, run_stage, tiny_config
 
 
 def leaves(tree) -> list[np.ndarray]:

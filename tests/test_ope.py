@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import evaluation, ope, train
+from rivet_jax import evaluation, ope
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs import collect
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import offpolicy, ope_validation, routesim
+from rivet_jax.experiments import offpolicy, ope_validation
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
@@ -214,12 +214,8 @@ def test_estimates_against_routesim_truth(routesim_logs):
 
 
 @pytest.fixture(scope="module")
-def tiny_router(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ope")
-    config = routesim_config.get_config("tiny")
-    corpus = routesim.collect(config, workdir)
-    train.train(routesim.training_config(config, corpus), workdir / "train")
-    return config, workdir, corpus
+def tiny_router(routesim_tiny_run):
+    return routesim_tiny_run
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from rivet_jax import checkpointing, corpus, engine, learner, online, train
 from rivet_jax.experiments import routesim
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
+from rivet_jax.settings import LossWeights, Optim
 
 
 # Every kind of value a group varies: the seed, both loss weights, the response ablation, lambda and whether the
@@ -24,7 +25,7 @@ VARIANTS = [{"seed": 0}, {"seed": 1, "loss.alpha": 0.0}, {"seed": 2, "loss.beta"
 def saved_params(config, workdir, stage):
     """Every parameter (RVE and RIVE) of `stage`'s last checkpoint in `workdir`."""
     prepared = corpus.prepare_data(config, workdir)
-    like = learner.template_state(config, make_network(config), learner.make_optimizer(config),
+    like = learner.template_state(config.seed, make_network(config), learner.make_optimizer(Optim.of(config)),
                                   int(prepared.data.embeddings.shape[1]), prepared.pool, stage).params
     params, _ = checkpointing.StageCheckpoints(workdir, stage).restore_params(like)
     return params
@@ -97,14 +98,14 @@ def test_vmapped_runs_equal_runs_one_after_another(stage):
     config = default.get_config("tiny")
     pool = synthetic_pool(3)
     data = synthetic_data(100, config.encoder.dim, pool)
-    net, tx = make_network(config), learner.make_optimizer(config)
+    net, tx = make_network(config), learner.make_optimizer(Optim.of(config))
     ended = {}
     for vmapped in (0, 1):
         configs = [with_overrides(config, {"seed": s, "runs_vmapped": vmapped, "loss.alpha": a, "reward.lam": lam})
                    for s, a, lam in ((0, 0.1, 0.05), (1, 0.0, 0.05), (2, 0.1, 0.5))]
-        states = learner.stack([learner.template_state(c, net, tx, config.encoder.dim, pool, stage) for c in configs])
+        states = learner.stack([learner.template_state(c.seed, net, tx, config.encoder.dim, pool, stage) for c in configs])
         replays = [{**data.replay, "reward": data.replay["reward"] * (1 + i)} for i in range(len(configs))]
-        values = learner.run_values(configs, replays)
+        values = learner.run_values([LossWeights.of(c) for c in configs], replays)
         epoch = engine.make_group_epoch(net, tx, configs[0], stage)
         for e in range(2):
             states, metrics, _ = epoch(states, data, values, jax.numpy.int32(e))

@@ -34,14 +34,9 @@ TASK = "Find the capital of the country with the largest population in South Ame
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
+def workdir(demo_router_dir) -> Path:
     """A tiny router trained on the RouteSim demo corpus (its pool: six models, three of them served here)."""
-    workdir = tmp_path_factory.mktemp("router")
-    config = default.get_config("tiny")
-    config.data.demo = True
-    config.stage = "offline"
-    train.train(config, workdir)
-    return workdir
+    return demo_router_dir
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from rivet_jax.encoders.table import host_table
 from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
+from rivet_jax.settings import LossWeights, Optim, UpdateRule
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,6 +96,7 @@ GROUP_SCRIPT = textwrap.dedent("""
     from rivet_jax.experiments import routesim as experiment, selection
     from rivet_jax.experiments.common import train_variants, with_overrides
     from rivet_jax.networks import make_network
+    from rivet_jax.settings import LossWeights, Optim
 """) + RECORD_LAYOUTS + textwrap.dedent("""
     # The tiny reproduction's first groups (its conservatism grid x seeds, every stage) on 8 devices and on 1.
     workdir = sys.argv[1]
@@ -120,16 +122,16 @@ GROUP_SCRIPT = textwrap.dedent("""
     # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
     config = experiment.training_config(config, experiment.collect(config, workdir))
     prepared = corpus.prepare_data(config, f"{workdir}/online")
-    net, tx = make_network(config), learner.make_optimizer(config)
+    net, tx = make_network(config), learner.make_optimizer(Optim.of(config))
     replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
     rows = corpus.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
     new = jax.tree.map(lambda r, v: jnp.concatenate([r, v[40:]]), rows, replay)  # 40 new transitions
     params = {}
     for devices in (8, 1):
         mesh = sharding.make_mesh(devices)
-        start = learner.template_state(config, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
+        start = learner.template_state(config.seed, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
         states, buffers = learner.stack([start]), learner.stack([new])  # a run group of one
-        data, values = prepared.data, learner.run_values([config], [prepared.data.replay])
+        data, values = prepared.data, learner.run_values([LossWeights.of(config)], [prepared.data.replay])
         if devices > 1:
             states, data, buffers, values = (sharding.replicate(x, mesh) for x in (states, data, buffers, values))
         update = online.make_group_update(net, tx, config, mesh)
@@ -222,17 +224,18 @@ def test_two_hosts_train_on_their_slices_like_one_process_on_the_global_batches(
     config = with_overrides(default.get_config("tiny"), {
         "stage": "mc", "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json")})
     prepared = corpus.prepare_data(config, tmp_path / "here")
-    net, tx = make_network(config), learner.make_optimizer(config)
+    net, tx = make_network(config), learner.make_optimizer(Optim.of(config))
     dim = prepared.data.embeddings.shape[1]
-    state = learner.template_state(config, net, tx, dim, prepared.pool, "mc")
-    update = jax.jit(learner.make_update(net, tx, config, "mc"))
+    state = learner.template_state(config.seed, net, tx, dim, prepared.pool, "mc")
+    update = jax.jit(learner.make_update(net, tx, UpdateRule.of(config), "mc"))
     n, batch = prepared.data.num_transitions, config.optim.batch_size
     for epoch in range(config.mc_epochs):
         key = jax.random.fold_in(state.key, epoch)
         batches = np.concatenate([np.asarray(sharding.epoch_batches(key, n, batch, 2, p)) for p in (0, 1)], axis=1)
         for idx in batches:
-            state, _ = update(state, corpus.gather_batch(prepared.data, idx), prepared.data.cards())
-    like = learner.saveable(learner.template_state(config, net, tx, dim, prepared.pool, "mc"))
+            state, _ = update(state, corpus.gather_batch(prepared.data, idx), prepared.data.cards(),
+                              LossWeights.of(config))
+    like = learner.saveable(learner.template_state(config.seed, net, tx, dim, prepared.pool, "mc"))
     saved, meta = checkpointing.StageCheckpoints(tmp_path / "run", "mc").restore(like)
     assert meta["epoch"] == config.mc_epochs
     worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))

@@ -21,6 +21,7 @@ from rivet_jax.learner import make_optimizer, template_state  # noqa: E402
 from rivet_jax.losses import rivet_loss  # noqa: E402
 from rivet_jax.networks import make_network  # noqa: E402
 from rivet_jax.engine import make_train_step  # noqa: E402
+from rivet_jax.settings import Optim  # noqa: E402
 
 
 def _config(target_sync_steps: int = 2):
@@ -46,8 +47,8 @@ def _data(config, num_transitions: int = 40, num_models: int = 4):
 
 def _setup(config, stage: str = "td"):
     pool, data = _data(config)
-    net, tx = make_network(config), make_optimizer(config)
-    state = template_state(config, net, tx, config.encoder.dim, pool, stage)
+    net, tx = make_network(config), make_optimizer(Optim.of(config))
+    state = template_state(config.seed, net, tx, config.encoder.dim, pool, stage)
     # A target different from the online net, so the Double-DQN target reads both.
     state = state.replace(target_params=jax.tree.map(lambda p: p * 0.9 + 0.01, state.params))
     trainer = ref.Trainer(config, state.params, config.encoder.dim, int(data.card_x.shape[1]), stage)

@@ -11,7 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
 from rivet_jax import checkpointing, corpus, engine, train
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
@@ -20,17 +19,7 @@ from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import RivetNet, make_network
 from rivet_jax.router import Router
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_config(**overrides):
-    return with_overrides(default.get_config("tiny"), {"data.demo": True, **overrides})
-
-
-def run_stage(config, workdir, stage, **kwargs):
-    """One stage of `config`'s run in `workdir` (`train.train` with config.stage = stage)."""
-    return train.train(with_overrides(config, {"stage": stage}), workdir, **kwargs)
+from tests.common import REPO, SimulatedKill, run_stage, tiny_config
 
 
 def demo_pool() -> ModelPool:
@@ -40,9 +29,6 @@ def demo_pool() -> ModelPool:
 def flat_params(state) -> dict:
     return {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(state.params)}
 
-
-class SimulatedKill(Exception):
-    pass
 
 
 def test_offline_training_writes_metrics_and_checkpoints(tmp_path):

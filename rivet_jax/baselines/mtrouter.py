@@ -28,7 +28,6 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -41,6 +40,7 @@ from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.learner import make_optimizer
 from rivet_jax.networks import CardProjector, StateAdapter, ValueHead, pad_rows
 from rivet_jax.router import HistoryTurn, as_history, availability_mask
+from rivet_jax.settings import Optim
 from rivet_jax.sharding import epoch_batches
 
 State = tuple[str, Sequence[HistoryTurn]]  # (task prompt, completed turns)
@@ -207,8 +207,7 @@ class MTRouter:
         count_tokens = count_tokens or store.encoder.count_tokens
         data, scale = _fit_data(episodes, pool, store, count_tokens, max_tokens)
         net = MTRouterNet(hidden=hidden, card_dim=card_dim, head_hidden=head_hidden)
-        optim = ml_collections.ConfigDict({"optim": {"lr": lr, "weight_decay": weight_decay, "clip_norm": clip_norm}})
-        tx = make_optimizer(optim)
+        tx = make_optimizer(Optim(lr=lr, weight_decay=weight_decay, clip_norm=clip_norm))
         key = jax.random.key(seed)
         params = jax.jit(net.init)(jax.random.fold_in(key, 0), data.embeddings[:1], data.cards())["params"]
         state = FitState(params=params, opt_state=jax.jit(tx.init)(params), key=jax.random.fold_in(key, 1))

@@ -25,6 +25,7 @@ from rivet_jax.data.schema import ModelCard, ModelPool
 from rivet_jax.engine import make_group_chunk, make_group_epoch, make_train_step
 from rivet_jax.learner import init_train_state, make_optimizer, run_values, stack, template_state, unstack
 from rivet_jax.networks import make_network
+from rivet_jax.settings import LossWeights, Optim
 from rivet_jax.sharding import global_batches, make_mesh
 
 PAPER_TRANSITIONS = 7_492
@@ -85,7 +86,7 @@ def _block(tree):
 
 def _time_single_steps(config, net, tx, data, stage: str, pool, steps: int) -> dict:
     """Steps/s of the jit'ed single update, called from Python once per step."""
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
+    state = template_state(config.seed, net, tx, data.embeddings.shape[1], pool, stage)
     step = jax.jit(make_train_step(net, tx, config, stage), donate_argnums=0)
     batch_size = config.optim.batch_size
     batches = [jnp.arange(i * batch_size, (i + 1) * batch_size, dtype=jnp.int32) % data.num_transitions
@@ -105,8 +106,8 @@ def _time_offline_training(config, net, tx, data, pool) -> dict:
     engine's scanned epoch."""
     result = {}
     started = time.perf_counter()
-    states = stack([template_state(config, net, tx, data.embeddings.shape[1], pool, "mc")])
-    values = run_values([config], [data.replay])
+    states = stack([template_state(config.seed, net, tx, data.embeddings.shape[1], pool, "mc")])
+    values = run_values([LossWeights.of(config)], [data.replay])
     for stage, epochs in (("mc", config.mc_epochs), ("td", config.td_epochs)):
         if stage == "td":
             state = unstack(states, 0)
@@ -133,7 +134,7 @@ def _time_offline_training(config, net, tx, data, pool) -> dict:
 def _time_scanned_steps(config, net, tx, data, stage: str, pool, steps: int) -> dict:
     """Steps/s of `steps` updates on random batches in one jit'ed `lax.scan` over device-resident data, warm: the
     epoch function's loop, with the corpus size decoupled from the number of steps."""
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
+    state = template_state(config.seed, net, tx, data.embeddings.shape[1], pool, stage)
     train_step = make_train_step(net, tx, config, stage)
     run = jax.jit(lambda s, d, b: jax.lax.scan(lambda s_, idx: train_step(s_, d, idx), s, b), donate_argnums=0)
     rng = np.random.default_rng(0)
@@ -150,8 +151,8 @@ def _time_scanned_steps(config, net, tx, data, stage: str, pool, steps: int) -> 
 def _time_host_fed_steps(config, net, tx, data, stage: str, pool, steps: int) -> dict:
     """Steps/s of host-fed training (batches gathered with numpy from host-resident, e.g. memory-mapped, data and
     run `config.data.host_chunk_steps` per jit call) over random batches of the whole table, warm."""
-    states = stack([template_state(config, net, tx, data.embeddings.shape[1], pool, stage)])  # a group of one
-    weights = run_values([config], [data.replay]).weights
+    states = stack([template_state(config.seed, net, tx, data.embeddings.shape[1], pool, stage)])  # a group of one
+    weights = run_values([LossWeights.of(config)], [data.replay]).weights
     group_chunk = make_group_chunk(net, tx, config, stage)
     cards = tuple(np.asarray(c, np.float32) for c in data.cards())
     mesh, chunk = make_mesh(1), config.data.host_chunk_steps
@@ -213,7 +214,7 @@ def matmul_flops_per_s(size: int = 2048, repeats: int = 10) -> float:
 
 def _update_flops(config, net, tx, data, stage: str, pool) -> float:
     """FLOPs of one update, as counted by XLA's cost analysis of the compiled step."""
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, stage)
+    state = template_state(config.seed, net, tx, data.embeddings.shape[1], pool, stage)
     step = jax.jit(make_train_step(net, tx, config, stage))
     idx = jnp.arange(config.optim.batch_size, dtype=jnp.int32)
     analysis = step.lower(state, data, idx).compile().cost_analysis()
@@ -227,7 +228,7 @@ def _routing_latency(config, net, tx, data, pool, calls: int = 2000, batch: int 
     from rivet_jax.encoders import HashingEncoder  # unused for scoring: embeddings are given
     from rivet_jax.router import Router
 
-    state = template_state(config, net, tx, data.embeddings.shape[1], pool, "td")
+    state = template_state(config.seed, net, tx, data.embeddings.shape[1], pool, "td")
     router = Router(state.params, pool, HashingEncoder(dim=int(data.embeddings.shape[1])), config,
                     np.asarray(data.embeddings[data.card_text]))
     h = np.asarray(data.embeddings[:batch])
@@ -308,14 +309,14 @@ def _scaling(config, batch_sizes=(16, 32, 64, 128, 256), candidates=(6, 16, 32, 
     def rate(batch: int, models: int, transitions: int) -> float:
         cfg, pool = sized(batch), synthetic_pool(models)
         data = synthetic_data(transitions, cfg.encoder.dim, pool, seed=cfg.seed)
-        return _time_scanned_steps(cfg, make_network(cfg), make_optimizer(cfg), data, "td", pool, steps)["steps_per_s"]
+        return _time_scanned_steps(cfg, make_network(cfg), make_optimizer(Optim.of(cfg)), data, "td", pool, steps)["steps_per_s"]
 
     def disk_rate(transitions: int, where: str) -> dict:
         pool = synthetic_pool(6)
         started = time.perf_counter()
         data = synthetic_data(transitions, config.encoder.dim, pool, seed=config.seed, directory=where)
         written = time.perf_counter() - started
-        measured = _time_host_fed_steps(config, make_network(config), make_optimizer(config), data, "td", pool, steps)
+        measured = _time_host_fed_steps(config, make_network(config), make_optimizer(Optim.of(config)), data, "td", pool, steps)
         path = Path(data.embeddings.filename)
         point = {"x": transitions, "steps_per_s": measured["steps_per_s"], "table_gb": path.stat().st_size / 1e9,
                  "write_s": written}
@@ -365,7 +366,7 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
     `matmul_reference`: the machine's matmul FLOP/s if already measured (the launcher prints it first)."""
     pool = synthetic_pool(num_models)
     data = synthetic_data(num_transitions, config.encoder.dim, pool, seed=config.seed)
-    net, tx = make_network(config), make_optimizer(config)
+    net, tx = make_network(config), make_optimizer(Optim.of(config))
     result = {
         "device": str(jax.devices()[0]), "backend": jax.default_backend(), "jax": jax.__version__,
         "sizes": {"transitions": num_transitions, "state_dim": config.encoder.dim, "models": num_models,

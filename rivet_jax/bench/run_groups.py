@@ -12,6 +12,7 @@ import numpy as np
 
 from rivet_jax import engine
 from rivet_jax.learner import run_values, stack, template_state
+from rivet_jax.settings import LossWeights
 
 REPEATS = 3
 
@@ -28,8 +29,8 @@ def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_
     for name, vmapped in (("vmapped", 0), ("sequential", 1)):
         configs = [ml_collections.ConfigDict({**config.to_dict(), "seed": config.seed + r, "runs_vmapped": vmapped})
                    for r in range(runs)]
-        states = stack([template_state(c, net, tx, data.embeddings.shape[1], pool, "td") for c in configs])
-        values = run_values(configs, [data.replay] * runs)
+        states = stack([template_state(c.seed, net, tx, data.embeddings.shape[1], pool, "td") for c in configs])
+        values = run_values([LossWeights.of(c) for c in configs], [data.replay] * runs)
         group_epoch = engine.make_group_epoch(net, tx, configs[0], "td")
         started = time.perf_counter()
         states, metrics, _ = _block(group_epoch(states, data, values, jnp.int32(0)))

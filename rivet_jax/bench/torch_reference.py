@@ -320,11 +320,13 @@ def benchmark_update(config: Any, data, pool, steps: int = 200, stage: str = "td
     """
     import torch
 
-    from rivet_jax.networks import make_network
     from rivet_jax.learner import make_optimizer, template_state
+    from rivet_jax.networks import make_network
+    from rivet_jax.settings import Optim
 
     state_dim, card_fields = int(data.embeddings.shape[1]), int(data.card_x.shape[1])
-    params = template_state(config, make_network(config), make_optimizer(config), state_dim, pool, stage).params
+    tx = make_optimizer(Optim.of(config))
+    params = template_state(config.seed, make_network(config), tx, state_dim, pool, stage).params
     trainer = Trainer(config, params, state_dim, card_fields, stage)
     tdata = to_torch_data(data)
     batch_size, num_transitions = config.optim.batch_size, data.num_transitions

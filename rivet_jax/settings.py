@@ -1,0 +1,239 @@
+"""What every config key means, declared once, and the typed values the method reads instead of a ConfigDict.
+
+Each key of a training config (configs/default.py; serving's configs/serve.py) is declared here with what it
+means, the check its value must pass, and whether a resumed run may change it:
+
+    RUN       fixed for the life of a run: a resume, or a later stage starting from an earlier one's parameters,
+              must see the same value (seed, the corpus settings, reward, model, loss, optimizer)
+    EPOCHS    a stage's own epoch count: raised (or lowered, not below the epochs done) on a resume of that stage,
+              fixed for the stages after it, which start from its finished parameters
+    ONLINE    fixed while the online stage resumes itself (its schedule and its environment)
+    FREE      anything else: devices, caches, checkpoint cadence, the experiments' evaluation and report settings
+
+`config_checks` (the checks), `run_identity` (what a resume compares), `learner.shape_signature` (which keys the
+runs of one group may differ in: `per_run`) and the launchers' `--help` (the meanings) all read this table. A key
+not declared takes its section's kind (`SECTIONS`): a setting added to `loss` is RUN until declared otherwise.
+
+The entry points (the engines, the online stage) read the ConfigDict once into the typed values below; the losses
+and the learner take those plain values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+RUN, EPOCHS, ONLINE, FREE = "run", "epochs", "online", "free"
+STAGES = ("mc", "td", "online", "offline", "all")
+CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition, or the stochastic choices only
+# Weights of Eq. 1 and Eq. 11 far above this make every reward the cost term alone, or the CQL term alone: a run
+# that trains to the end on numbers of 1e30 says nothing. Success is worth 1 and c_ref is a typical turn's cost.
+MAX_WEIGHT = 1e3
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def within(low: float, high: float, low_open: bool = False) -> Callable[[Any], bool]:
+    return lambda v: is_number(v) and (v > low if low_open else v >= low) and v <= high
+
+
+def at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: is_integer(v) and v >= low
+
+
+def one_of(*choices) -> Callable[[Any], bool]:
+    return lambda v: v in choices
+
+
+def anything(value: Any) -> bool:
+    return True
+
+
+class Setting(NamedTuple):
+    meaning: str
+    check: Callable[[Any], bool] = anything
+    expected: str = "any value"
+    resume: str = FREE      # RUN, EPOCHS, ONLINE or FREE (module docstring)
+    per_run: bool = False   # the runs of one group may differ in it (values the group's program reads, bookkeeping)
+    suspect: bool = False   # scales a loss or a step: named when a stage diverges at its first step
+
+
+_INT1, _INT0 = (at_least(1), "an integer >= 1"), (at_least(0), "an integer >= 0")
+_LR = (within(0.0, 1.0, low_open=True), "a learning rate in (0, 1]")
+_PROBABILITY = (within(0.0, 1.0), "a probability in [0, 1]")
+_FRACTION = (within(0.0, 0.9), "a fraction of the tasks in [0, 0.9]")
+_SECONDS = (within(0.0, math.inf, low_open=True), "seconds > 0")
+
+SETTINGS: dict[str, Setting] = {
+    # the run
+    "stage": Setting("the stages to train: mc, td, online, offline (mc then td) or all", one_of(*STAGES),
+                     f"one of {', '.join(STAGES)}", per_run=True),
+    "seed": Setting("initialisation, shuffles and exploration draws", is_integer, "an integer", RUN, per_run=True),
+    "devices": Setting("devices to train on (0 = every visible device); runs split over them, then batches",
+                       at_least(0), "an integer >= 0 (0 = every visible device)"),
+    "runs_vmapped": Setting("runs of a group vmapped into each step (-1: all on GPU/TPU, one at a time on CPU; 0: all)",
+                            at_least(-1), "an integer >= -1 (-1: by platform, 0: all)", per_run=True),
+    "max_state_tokens": Setting("the serialization budget of a state (App. B.3)", *_INT1, RUN),
+    # data
+    "data.episodes": Setting("the trajectory JSONL to train on (compared by content on resume, not by path)"),
+    "data.cards": Setting("the pool's model_cards.json (compared by content on resume, not by path)"),
+    "data.skip_invalid": Setting("skip and count malformed records instead of stopping", resume=RUN),
+    "data.max_skipped_fraction": Setting("skip mode fails when more of the records than this are bad",
+                                         within(0.0, 1.0), "a fraction in [0, 1]"),
+    "data.holdout.validation": Setting("share of the tasks held out to validate (whole tasks per family)",
+                                       *_FRACTION, RUN),
+    "data.holdout.test": Setting("share of the tasks held out to test", *_FRACTION, RUN),
+    "data.holdout.seed": Setting("the draw of the held-out tasks", is_integer, "an integer", RUN),
+    "data.embedding_cache": Setting("frozen-encoder cache directory ('' = <workdir>/embeddings)"),
+    "data.embeddings_on_disk": Setting("the embedding table memory-mapped, batches gathered on the host"),
+    "data.host_chunk_steps": Setting("host-fed training: batches gathered and run per jit call", *_INT1),
+    "data.demo": Setting("train on RouteSim's demo corpus, collected into the workdir", resume=RUN),
+    "data.demo_tasks": Setting("training tasks of the demo corpus", *_INT1, RUN),
+    "data.demo_seed": Setting("the demo corpus' draws", resume=RUN),
+    # encoder (compared by its fingerprint on resume)
+    "encoder.name": Setting("the frozen text encoder: hashing, minilm, bert or qwen3"),
+    "encoder.dim": Setting("the encoder's output width", *_INT1),
+    # reward (Eq. 1-2)
+    "reward.lam": Setting("lambda, the cost weight of Eq. 1", within(0.0, MAX_WEIGHT),
+                          f"a number in [0, {MAX_WEIGHT:g}] (the cost weight of Eq. 1)", RUN, per_run=True,
+                          suspect=True),
+    "reward.gamma": Setting("the discount of Eq. 2", within(0.0, 1.0, low_open=True), "a discount in (0, 1]", RUN,
+                            suspect=True),
+    "reward.c_ref": Setting("the cost unit of Eq. 1 (None: the training corpus' mean per-turn cost)",
+                            lambda v: v is None or (is_number(v) and v > 0), "None (from the corpus) or a cost > 0",
+                            RUN),
+    # model (Sec. 4.1)
+    "model.hidden": Setting("width of the shared state-model representation z(s, m)", *_INT1, RUN),
+    "model.card_dim": Setting("width of the card projection z_m (Eq. 22)", *_INT1, RUN),
+    "model.head_hidden": Setting("hidden width of the RVE and RIVE heads", *_INT1, RUN),
+    "model.response_dim": Setting("width of RIVE's response projection", *_INT1, RUN),
+    # loss (Eqs. 7-11)
+    "loss.beta": Setting("RIVE's weight in Eq. 7; 0 = w/o RIVE", within(0.0, MAX_WEIGHT),
+                         f"a number in [0, {MAX_WEIGHT:g}] (the RIVE weight of Eq. 7)", RUN, per_run=True,
+                         suspect=True),
+    "loss.alpha": Setting("CQL's weight in Eq. 11; 0 = w/o CQL", within(0.0, MAX_WEIGHT),
+                          f"a number in [0, {MAX_WEIGHT:g}] (the CQL weight of Eq. 11)", RUN, per_run=True,
+                          suspect=True),
+    "loss.huber_delta": Setting("the Huber loss' delta", within(0.0, math.inf, low_open=True), "a number > 0", RUN),
+    "loss.zero_response": Setting("w/o response: RIVE reads a zero vector instead of e(o_t)", resume=RUN,
+                                  per_run=True),
+    "loss.cql_on": Setting("where Eq. 10 applies: every transition, or where the logged choice was a draw",
+                           one_of(*CQL_ON), "'all' or 'stochastic'", RUN, per_run=True),
+    # optimizer (App. B.2)
+    "optim.lr": Setting("AdamW's learning rate (offline stages)", *_LR, RUN, suspect=True),
+    "optim.weight_decay": Setting("AdamW's weight decay", within(0.0, math.inf), "a number >= 0", RUN),
+    "optim.clip_norm": Setting("global-norm gradient clipping", within(0.0, math.inf, low_open=True), "a number > 0",
+                               RUN, suspect=True),
+    "optim.batch_size": Setting("transitions per update", *_INT1, RUN),
+    # the schedule and checkpoints
+    "target_sync_steps": Setting("updates between copies of the online network to the target network", *_INT1, RUN),
+    "mc_epochs": Setting("epochs of the Monte Carlo warm start", *_INT0, EPOCHS),
+    "td_epochs": Setting("epochs of Double DQN + CQL", *_INT0, EPOCHS),
+    "checkpoint_every_epochs": Setting("epochs between checkpoints", *_INT1),
+    "checkpoints_to_keep": Setting("checkpoints kept per stage", lambda v: v is None or at_least(1)(v),
+                                   "None (keep all) or an integer >= 1"),
+    # online adaptation (App. B.2)
+    "online.lr": Setting("AdamW's learning rate of the online stage", *_LR, ONLINE, suspect=True),
+    "online.epsilon_start": Setting("exploration at the first trajectory", *_PROBABILITY, ONLINE),
+    "online.epsilon_end": Setting("exploration after the anneal", *_PROBABILITY, ONLINE),
+    "online.epsilon_episodes": Setting("trajectories of the linear epsilon anneal", *_INT1, ONLINE),
+    "online.validate_every": Setting("trajectories between validations", *_INT1, ONLINE),
+    "online.early_stop_after": Setting("no early stop before this many trajectories", *_INT0, ONLINE),
+    "online.patience": Setting("validations without improvement before stopping", *_INT1, ONLINE),
+    "online.max_passes": Setting("passes over the task pool at most", *_INT1, ONLINE),
+    "online.eval_rollouts": Setting("rollouts per task of every validation and curve point", *_INT1, ONLINE),
+    "online.split": Setting("the tasks the online stage adapts on", resume=ONLINE),
+    "online.validation_split": Setting("the tasks every validation rolls out on", resume=ONLINE),
+    "online.test_split": Setting("the tasks of the learning curve", resume=ONLINE),
+    "online.eval_seed": Setting("the draws of every validation and curve point", resume=ONLINE),
+    "online.curve_points": Setting("trajectories after which the test learning curve is drawn (Figure 4)",
+                                   resume=ONLINE, per_run=True),
+    # launch.calibrate
+    "calibrate.lambdas": Setting("the lambdas a router is trained at", lambda v: isinstance(v, (tuple, list))
+                                 and len(v) > 0 and all(within(0.0, MAX_WEIGHT)(x) for x in v),
+                                 f"a non-empty list of lambdas in [0, {MAX_WEIGHT:g}]"),
+    "calibrate.stage": Setting("the stages each lambda's router trains", one_of(*STAGES), f"one of {', '.join(STAGES)}"),
+    "calibrate.rollouts": Setting("RouteSim: rollouts per validation task", *_INT1),
+    "calibrate.split": Setting("RouteSim: the tasks rolled out on (own logs: the held-out validation split)"),
+    "calibrate.resamples": Setting("bootstrap resamples of every 95% interval", *_INT1),
+    "calibrate.seed": Setting("the bootstrap's draws"),
+    # launch.serve (configs/serve.py)
+    "router_stage": Setting("the checkpoint stage to serve ('' = the last trained)", one_of("", "mc", "td", "online"),
+                            "'' (the last trained), 'mc', 'td' or 'online'"),
+    "port": Setting("the proxy's TCP port", lambda v: is_integer(v) and 0 <= v <= 65535, "a TCP port in [0, 65535]"),
+    "epsilon": Setting("per-turn exploration of the proxy", *_PROBABILITY),
+    "max_attempts": Setting("candidates tried per request before answering 502", *_INT1),
+    "scoring": Setting("where the proxy scores", one_of("auto", "inline", "thread"), "'auto', 'inline' or 'thread'"),
+    "timeout_s": Setting("an upstream call's read timeout", *_SECONDS),
+    "connect_timeout_s": Setting("an upstream call's connect timeout", *_SECONDS),
+    "cooloff_s": Setting("a faulted backend is not a candidate for this long", within(0.0, math.inf),
+                         "seconds >= 0"),
+    "episode_timeout_s": Setting("an idle open episode closes after this long", *_SECONDS),
+}
+
+# The kind of a key this table does not declare, by its section.
+SECTIONS = {"data": RUN, "reward": RUN, "model": RUN, "loss": RUN, "optim": RUN, "online": ONLINE, "sim": ONLINE}
+
+
+def resume_kind(key: str) -> str:
+    """RUN, EPOCHS, ONLINE or FREE for a dotted key: declared, else its section's kind."""
+    setting = SETTINGS.get(key)
+    return setting.resume if setting is not None else SECTIONS.get(key.split(".")[0], FREE)
+
+
+PER_RUN = frozenset(key for key, setting in SETTINGS.items() if setting.per_run)
+SUSPECTS = tuple(key for key, setting in SETTINGS.items() if setting.suspect)
+
+
+# ------------------------------------------------------------------------------------------------- typed values
+
+
+class LossWeights(NamedTuple):
+    """The weights of Eq. 7 and 11 that a run may change without changing a shape: Python floats for one run, or
+    traced scalars when many runs train as one program (`rivet_jax.engine`)."""
+
+    alpha: Any     # CQL weight; 0 = "w/o CQL"
+    beta: Any      # RIVE weight; 0 = "w/o RIVE"
+    response: Any  # 1 = RIVE reads e(o_t); 0 = "w/o response" (a zero vector)
+    cql_stochastic_only: Any = 0.0  # 1 = CQL only where the logged choice was stochastic (`loss.cql_on`)
+
+    @classmethod
+    def of(cls, config) -> "LossWeights":
+        cql_on = config.loss.get("cql_on", "all")
+        if cql_on not in CQL_ON:
+            raise ValueError(f"config.loss.cql_on must be one of {CQL_ON}, got {cql_on!r}")
+        return cls(alpha=config.loss.alpha, beta=config.loss.beta, response=0.0 if config.loss.zero_response else 1.0,
+                   cql_stochastic_only=float(cql_on == "stochastic"))
+
+
+class UpdateRule(NamedTuple):
+    """What one gradient update reads besides the batch and the state: the values every run of a group shares."""
+
+    gamma: float        # the discount of the TD target (Eqs. 8-9)
+    huber_delta: float  # Eq. 7's Huber delta
+    sync_steps: int     # updates between target-network copies
+
+    @classmethod
+    def of(cls, config) -> "UpdateRule":
+        return cls(gamma=float(config.reward.gamma), huber_delta=float(config.loss.huber_delta),
+                   sync_steps=int(config.target_sync_steps))
+
+
+class Optim(NamedTuple):
+    """AdamW with global-norm clipping (App. B.2)."""
+
+    lr: float
+    weight_decay: float
+    clip_norm: float
+
+    @classmethod
+    def of(cls, config, learning_rate: float | None = None) -> "Optim":
+        """`config.optim`'s, at `learning_rate` if given (the online stage's `online.lr`)."""
+        return cls(lr=float(config.optim.lr if learning_rate is None else learning_rate),
+                   weight_decay=float(config.optim.weight_decay), clip_norm=float(config.optim.clip_norm))
