@@ -67,11 +67,11 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
                  jax.local_device_count(), jax.device_count(), jax.default_backend())
 
 
-def run_app(main: Callable) -> None:
+def run_app(main: Callable, argv: list[str] | None = None) -> None:
     """`app.run(main)` for a launcher with a `--config` flag: `--help` also lists the config's keys and values, and
     an override naming no key of the config (`--config.reward.lamda=0.1`) is one line with the closest key, not a
-    traceback from inside the flag parser."""
-    app.run(main, flags_parser=_parse_flags)
+    traceback from inside the flag parser. `argv` defaults to the command line (tests pass their own)."""
+    app.run(main, argv=argv, flags_parser=_parse_flags)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:

@@ -1,6 +1,12 @@
 """Helpers the test files share (fixtures that build something are in conftest.py)."""
 
+import dataclasses
+import importlib
+import sys
 from pathlib import Path
+
+from absl import app, flags
+from absl import logging as absl_logging
 
 from configs import default
 from rivet_jax import train
@@ -21,3 +27,43 @@ def tiny_config(**overrides):
 def run_stage(config, workdir, stage, **kwargs):
     """One stage of `config`'s run in `workdir` (`train.train` with config.stage = stage)."""
     return train.train(with_overrides(config, {"stage": stage}), workdir, **kwargs)
+
+
+@dataclasses.dataclass
+class Launched:
+    """What a launcher run left: its exit status and what it wrote (as `subprocess.CompletedProcess` names them)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_launcher(capfd, name: str, *args: str) -> Launched:
+    """`python -m launch.<name> ARGS`, run in this process: no interpreter or JAX start of its own. The launcher's
+    flags are parsed as its `__main__` parses them (`run_app` when it has a --config, else `app.run`), its exit status
+    is its SystemExit, and its flags are removed afterwards so the next launcher can define its own. For launchers
+    that leave no global state behind (no compilation cache): a real process is kept where it is the point (kills,
+    several hosts, a workdir held by another process) and for the long experiments."""
+    from launch.common import run_app
+
+    argv = [f"launch/{name}.py", *args]
+    saved_argv, sys.argv = sys.argv, argv  # ml_collections reads --config.KEY overrides from the command line
+    defined = set(flags.FLAGS)
+    module = importlib.import_module(f"launch.{name}")
+    own = set(flags.FLAGS) - defined
+    capfd.readouterr()  # what came before is not this run's
+    handler = absl_logging.get_absl_handler().python_handler
+    saved_stream = handler.stream
+    handler.stream = sys.stderr  # absl's log lines go where a process's would (the handler kept pytest's first)
+    try:
+        run_app(module.main, argv) if "config" in own else app.run(module.main, argv=argv)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        sys.argv, handler.stream = saved_argv, saved_stream
+        for flag in own:
+            delattr(flags.FLAGS, flag)
+        sys.modules.pop(f"launch.{name}", None)
+    out, err = capfd.readouterr()
+    return Launched(code, out, err)

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from configs import default
 from rivet_jax.bench import benchmark
 from rivet_jax.settings import LossWeights, Optim, UpdateRule
 
 
+@pytest.mark.slow
 def test_benchmark_reports_everything(tmp_path):
     result = benchmark.run_benchmark(default.get_config("tiny"), num_transitions=200, num_models=3, single_steps=5,
                                      runs=3)
@@ -67,6 +70,7 @@ def test_analytic_update_flops_match_the_matmuls_jax_traces():
         assert benchmark.update_matmul_flops(config, 3, int(data.card_x.shape[1]), stage) == expected, stage
 
 
+@pytest.mark.slow
 def test_scaling_curves_measure_every_point_and_clean_up(tmp_path):
     config = default.get_config("tiny")
     scaling = benchmark._scaling(config, batch_sizes=(8, 16), candidates=(3,), corpus_sizes=(100,),

@@ -1,9 +1,5 @@
 """Config values are checked before any compute, one line per bad value; launcher config mistakes are one line."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from configs import default, mint, routesim
@@ -11,8 +7,7 @@ from rivet_jax import config_checks, run_identity, settings, train
 from rivet_jax.config_checks import ConfigError, check_config, config_problems
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.run_identity import flatten
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.common import REPO, run_launcher
 
 
 @pytest.mark.parametrize("module,variant", [(default, ""), (default, "tiny"), (routesim, ""), (routesim, "tiny"),
@@ -54,12 +49,9 @@ def test_training_refuses_before_any_compute(tmp_path):
     check_config(with_overrides(config, {"optim.batch_size": 16}))
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-
-
-def test_launcher_config_mistakes_are_one_line(tmp_path):
+def test_launcher_config_mistakes_are_one_line(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(REPO)  # --config=configs/... is a path from the clone
+    _launch = lambda *args: run_launcher(capfd, "train", "--config=configs/default.py:tiny", *args)
     typo = _launch(f"--workdir={tmp_path}", "--config.reward.lamda=0.1")
     assert typo.returncode == 1 and "Traceback" not in typo.stderr
     assert typo.stderr.strip().splitlines() == [

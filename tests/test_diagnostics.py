@@ -1,9 +1,6 @@
 """Learned values against the exact Q* (rivet_jax/experiments/diagnostics.py, launch.diagnose)."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +9,7 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics
 from rivet_jax.router import Router
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.common import REPO, run_launcher
 
 
 def test_compare_by_hand():
@@ -54,10 +50,10 @@ def test_q_star_at_first_states_is_the_exact_oracle_value(trained):
     assert q.max(axis=1).mean() == pytest.approx(exact, rel=1e-9)
 
 
-def test_launcher_diagnoses_every_stage_on_logged_and_visited_states(trained):
+def test_launcher_diagnoses_every_stage_on_logged_and_visited_states(trained, capfd, monkeypatch):
     config, workdir = trained
-    done = subprocess.run([sys.executable, "-m", "launch.diagnose", "--config=configs/routesim.py:tiny",
-                           f"--workdir={workdir}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    monkeypatch.chdir(REPO)
+    done = run_launcher(capfd, "diagnose", "--config=configs/routesim.py:tiny", f"--workdir={workdir}")
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((workdir / "diagnostics.json").read_text())["rows"]
     assert [(r["run"], r["stage"], r["states_of"]) for r in rows] == [
@@ -75,7 +71,7 @@ def test_launcher_diagnoses_every_stage_on_logged_and_visited_states(trained):
     assert "| train | td | visited |" in done.stdout and (workdir / "diagnostics.md").exists()
 
 
-def test_launcher_refuses_a_workdir_without_runs(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "launch.diagnose", "--config=configs/routesim.py:tiny",
-                           f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+def test_launcher_refuses_a_workdir_without_runs(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(REPO)
+    done = run_launcher(capfd, "diagnose", "--config=configs/routesim.py:tiny", f"--workdir={tmp_path}")
     assert done.returncode == 1 and "no logged corpus" in done.stderr and "Traceback" not in done.stderr

@@ -42,6 +42,7 @@ def test_epsilon_is_annealed_by_episode():
     assert [online.epsilon(e, config) for e in (0, 70, 140, 500)] == pytest.approx([0.10, 0.06, 0.02, 0.02])
 
 
+@pytest.mark.slow
 def test_online_stage_validates_keeps_the_best_and_resumes_exactly(tmp_path):
     config = tiny(tmp_path)
     train.train(config, tmp_path / "a")

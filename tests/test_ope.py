@@ -3,9 +3,6 @@ values on logs with stochastic loggers, what they refuse to estimate, and launch
 
 import dataclasses
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +15,7 @@ from rivet_jax.envs import collect
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import offpolicy, ope_validation
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.common import REPO, run_launcher
 POOL = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
 
 
@@ -234,9 +230,9 @@ def test_evaluate_logs_end_to_end(tiny_router):
     assert "| RIVET (ours) | DR |" in table and "| fixed:apex-pro | IS (thin) |" in table
 
 
-def test_launcher_names_the_missing_logs(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "launch.evaluate_logs", f"--workdir={tmp_path}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+def test_launcher_names_the_missing_logs(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(REPO)
+    done = run_launcher(capfd, "evaluate_logs", f"--workdir={tmp_path}")
     assert done.returncode == 1 and "--episodes and --cards" in done.stderr and "Traceback" not in done.stderr
 
 

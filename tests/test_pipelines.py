@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rivet_jax.envs import collect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,6 +17,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_collect_then_evaluate_on_tiny_routesim(tmp_path):
     workdir = tmp_path / "run"
     collected = run("launch.collect", "--config=configs/routesim.py:tiny", f"--workdir={workdir}")

@@ -59,11 +59,13 @@ def group_and_solo(tmp_path_factory):
     return root, configs, compiled
 
 
+@pytest.mark.slow
 def test_all_runs_step_as_one_program_per_offline_stage(group_and_solo):
     _, _, compiled = group_and_solo
     assert compiled == ["mc", "td"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("i", range(len(VARIANTS)))
 def test_group_run_equals_its_solo_run(group_and_solo, i):
     root, configs, _ = group_and_solo
@@ -89,6 +91,7 @@ def test_group_run_equals_its_solo_run(group_and_solo, i):
     assert [p["trajectories"] for p in got["curve"]] == reached
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["mc", "td"])
 def test_vmapped_runs_equal_runs_one_after_another(stage):
     """`runs_vmapped` only changes how the program is laid out (GPU/TPU: all runs in every step), not the result."""

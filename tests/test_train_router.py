@@ -19,7 +19,7 @@ from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import RivetNet, make_network
 from rivet_jax.router import Router
-from tests.common import REPO, SimulatedKill, run_stage, tiny_config
+from tests.common import REPO, SimulatedKill, run_launcher, run_stage, tiny_config
 
 
 def demo_pool() -> ModelPool:
@@ -42,6 +42,7 @@ def test_offline_training_writes_metrics_and_checkpoints(tmp_path):
     assert int(state.step) == records[-1]["step"]
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     config = tiny_config()
     reference = train.train(config, tmp_path / "straight")
@@ -105,6 +106,7 @@ def test_checkpoint_refused_for_other_pool_or_encoder(tmp_path):
         Router.from_checkpoint(tmp_path, pool=fewer)
 
 
+@pytest.mark.slow
 def test_launcher_stages_then_router(tmp_path):
     workdir = tmp_path / "run"
     for stage in ("mc", "td"):
@@ -179,6 +181,7 @@ def test_launcher_stages_then_router(tmp_path):
     assert policy.act_batch(requests) == [policy.act(*request) for request in requests]
 
 
+@pytest.mark.slow
 def test_each_stage_compiles_its_epoch_once_even_when_resumed(tmp_path, monkeypatch):
     """Restored and freshly computed states must hit the same compiled epoch (no second compile per stage)."""
     made = []
@@ -239,7 +242,7 @@ def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
 
-def test_launcher_reports_bad_logs_as_one_clear_line(tmp_path):
+def test_launcher_reports_bad_logs_as_one_clear_line(tmp_path, capfd, monkeypatch):
     episodes = demo_corpus(3, seed=1)[1][:3]
     good = [json.dumps(e.to_json()) for e in episodes]
     broken = json.loads(good[1])
@@ -248,18 +251,18 @@ def test_launcher_reports_bad_logs_as_one_clear_line(tmp_path):
     path.write_text("\n".join([good[0], json.dumps(broken), good[2]]) + "\n")
     cards = tmp_path / "cards.json"
     write_model_cards(cards, demo_pool())
-    result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
-                             f"--workdir={tmp_path / 'w'}", f"--config.data.episodes={path}",
-                             f"--config.data.cards={cards}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    monkeypatch.chdir(REPO)
+    result = run_launcher(capfd, "train", "--config=configs/default.py:tiny", f"--workdir={tmp_path / 'w'}",
+                          f"--config.data.episodes={path}", f"--config.data.cards={cards}")
     assert result.returncode == 1
     assert f"{path}:2: field 'turns[0].cost'" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_launcher_without_logs_refuses_in_one_line(tmp_path):
+def test_launcher_without_logs_refuses_in_one_line(tmp_path, capfd, monkeypatch):
     """No --config.data.episodes and no demo asked for: never train on synthetic data silently."""
-    result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
-                             f"--workdir={tmp_path / 'w'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    monkeypatch.chdir(REPO)
+    result = run_launcher(capfd, "train", "--config=configs/default.py:tiny", f"--workdir={tmp_path / 'w'}")
     assert result.returncode == 1
     assert "no logs to train on: pass --config.data.episodes" in result.stderr
     assert "--config.data.demo=True" in result.stderr and "Traceback" not in result.stderr
