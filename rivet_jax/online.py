@@ -38,9 +38,9 @@ from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import Env, GroupMember, run_episodes
-from rivet_jax.learner import (RunValues, TrainState, from_saveable, grouped, init_train_state, make_optimizer,
-                               make_update, run_values, runs_vmapped, saveable, shape_signature, stack,
-                               template_state, unstack, with_run_rewards)
+from rivet_jax.learner import (STAGE_IDS, RunValues, TrainState, from_saveable, grouped, init_train_state,
+                               make_optimizer, make_update, run_values, runs_vmapped, saveable, shape_signature,
+                               stack, template_state, unstack, with_run_rewards)
 from rivet_jax.networks import make_network
 from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
@@ -109,13 +109,15 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
         idle_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(stepped, state)[1])
         return jax.lax.cond(active, stepped, lambda s: (s, idle_metrics), state)  # a select under vmap
 
+    per_step = runs_vmapped(config.get("runs_vmapped", -1))
+
     @functools.partial(jax.jit, donate_argnums=0)
     def group_update(states, logged, values, new, num_new, active):
         runs = jnp.arange(num_new.shape[0])
         # vmapped over a whole chunk (GPU/TPU); a chunk of one is a map of length one, where `lax.cond` really
         # skips an idle run's update (under vmap it would be a select computing both branches).
         return jax.lax.map(lambda r: run_update(r[0], logged, r[1], new, *r[2:]),
-                           (states, values, runs, num_new, active), batch_size=runs_vmapped(config.get("runs_vmapped", -1)))
+                           (states, values, runs, num_new, active), batch_size=per_step)
 
     return group_update
 
@@ -234,7 +236,8 @@ def open_run(config, workdir: Path, env: Env, prepared: PreparedData, template: 
         logging.info("Resuming online adaptation of %s after %d trajectories", workdir, run.progress.trajectories)
         return run, from_saveable(restored["state"]), replay, num_new
     params = finished_params(config, workdir, STAGE, prepared, template)
-    return run, init_train_state(net, tx, params, jax.random.fold_in(template.key, 2)), replay, 0
+    # The online stream: the TD template's key (online states have TD's shapes) folded with the online stage's id.
+    return run, init_train_state(net, tx, params, jax.random.fold_in(template.key, STAGE_IDS[STAGE])), replay, 0
 
 
 class RunChunks:

@@ -158,7 +158,8 @@ SETTINGS: dict[str, Setting] = {
     "calibrate.lambdas": Setting("the lambdas a router is trained at", lambda v: isinstance(v, (tuple, list))
                                  and len(v) > 0 and all(within(0.0, MAX_WEIGHT)(x) for x in v),
                                  f"a non-empty list of lambdas in [0, {MAX_WEIGHT:g}]"),
-    "calibrate.stage": Setting("the stages each lambda's router trains", one_of(*STAGES), f"one of {', '.join(STAGES)}"),
+    "calibrate.stage": Setting("the stages each lambda's router trains", one_of(*STAGES),
+                               f"one of {', '.join(STAGES)}"),
     "calibrate.rollouts": Setting("RouteSim: rollouts per validation task", *_INT1),
     "calibrate.split": Setting("RouteSim: the tasks rolled out on (own logs: the held-out validation split)"),
     "calibrate.resamples": Setting("bootstrap resamples of every 95% interval", *_INT1),

@@ -6,9 +6,10 @@ fit (as many run shards as divide both the run count and the device count, the r
 batch), so one run gets pure data parallelism and a group of eight on eight devices one run per device. The same
 training code runs on 1 device, on N devices of one host and on many hosts:
 
-- device-resident replay (the default on one host): the train state and the replay are replicated over the mesh
-  and each gathered batch is constrained to split along its first axis, so XLA runs the per-example work on every
-  device and all-reduces the gradients. With one device nothing is placed or constrained.
+- device-resident replay (the default on one host): the replay is replicated over the mesh, the group's states split
+  along their run axis over the `runs` shards (`shard_runs`; one shard: replicated), and each gathered batch is
+  constrained to split along its first axis over the `data` devices, so XLA runs the per-example work on every
+  device and all-reduces the gradients within a run's shard. With one device nothing is placed or constrained.
 - host-fed replay (embeddings on disk, or more than one process): every process owns one contiguous slice of the
   transitions (`replay_slice`), gathers its rows of each batch on the host and hands them to
   `jax.make_array_from_process_local_data`, which assembles the global batch sharded over all devices.

@@ -86,9 +86,9 @@ def finished_params(config, workdir: Path, stage: str, prepared: PreparedData, t
     checkpoints = checkpointing.StageCheckpoints(workdir, previous)
     done, needed = checkpoints.latest_epoch(), stage_epochs(config, previous)
     if done is None or done < needed:
+        has = "no checkpoint" if done is None else f"{done}/{needed} epochs"
         raise FileNotFoundError(f"stage '{stage}' starts from a finished '{previous}' stage, but "
-                                f"{checkpoints.directory} has {'no checkpoint' if done is None else f'{done}/{needed} epochs'}"
-                                f": run --config.stage={previous} first")
+                                f"{checkpoints.directory} has {has}: run --config.stage={previous} first")
     check_resume(checkpoints.restore_meta(done), config, prepared, stage, str(checkpoints.directory))
     params = restore_state(checkpoints, template, done, mesh).params
     checkpoints.close()

@@ -77,12 +77,13 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
         prepared = list(prepared) if prepared is not None else prepare_all(configs, workdirs)
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]
-            runs = {i: StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in members}
-            for group in engine.offline_groups(list(runs.values())):
+            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in members]
+            index = {id(run): i for i, run in zip(members, runs)}
+            for group in engine.offline_groups(runs):
                 states = engine.train_together(group, on_epoch_end)
                 for r, run in enumerate(group):
-                    final[next(i for i in members if runs[i] is run)] = unstack(states, r)
-            for run in runs.values():
+                    final[index[id(run)]] = unstack(states, r)
+            for run in runs:
                 run.close()
         adapting = [i for i in range(len(configs)) if "online" in stages[i]]
         for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):

@@ -255,8 +255,8 @@ def test_divergence_at_the_first_step_names_the_config(tmp_path):
     prepared = corpus.prepare_data(config, tmp_path)
     broken = corpus.PreparedData(**{**prepared.__dict__, "data": prepared.data.replace(
         replay={**prepared.data.replay, "mc_return": prepared.data.replay["mc_return"].at[:].set(jnp.inf)})})
-    with pytest.raises(checkpointing.NonFiniteError, match=r"at the stage's first step: suspect the config \(optim.lr=0.0003, "
-                                                 r"reward.lam=0.05"):
+    with pytest.raises(checkpointing.NonFiniteError, match=r"at the stage's first step: suspect the config "
+                                                           r"\(optim.lr=0.0003, reward.lam=0.05"):
         run_stage(config, tmp_path, "mc", prepared=broken)
 
 

@@ -106,7 +106,8 @@ def test_vmapped_runs_equal_runs_one_after_another(stage):
     for vmapped in (0, 1):
         configs = [with_overrides(config, {"seed": s, "runs_vmapped": vmapped, "loss.alpha": a, "reward.lam": lam})
                    for s, a, lam in ((0, 0.1, 0.05), (1, 0.0, 0.05), (2, 0.1, 0.5))]
-        states = learner.stack([learner.template_state(c.seed, net, tx, config.encoder.dim, pool, stage) for c in configs])
+        states = learner.stack([learner.template_state(c.seed, net, tx, config.encoder.dim, pool, stage)
+                                for c in configs])
         replays = [{**data.replay, "reward": data.replay["reward"] * (1 + i)} for i in range(len(configs))]
         values = learner.run_values([LossWeights.of(c) for c in configs], replays)
         epoch = engine.make_group_epoch(net, tx, configs[0], stage)

@@ -309,14 +309,16 @@ def _scaling(config, batch_sizes=(16, 32, 64, 128, 256), candidates=(6, 16, 32, 
     def rate(batch: int, models: int, transitions: int) -> float:
         cfg, pool = sized(batch), synthetic_pool(models)
         data = synthetic_data(transitions, cfg.encoder.dim, pool, seed=cfg.seed)
-        return _time_scanned_steps(cfg, make_network(cfg), make_optimizer(Optim.of(cfg)), data, "td", pool, steps)["steps_per_s"]
+        tx = make_optimizer(Optim.of(cfg))
+        return _time_scanned_steps(cfg, make_network(cfg), tx, data, "td", pool, steps)["steps_per_s"]
 
     def disk_rate(transitions: int, where: str) -> dict:
         pool = synthetic_pool(6)
         started = time.perf_counter()
         data = synthetic_data(transitions, config.encoder.dim, pool, seed=config.seed, directory=where)
         written = time.perf_counter() - started
-        measured = _time_host_fed_steps(config, make_network(config), make_optimizer(Optim.of(config)), data, "td", pool, steps)
+        tx = make_optimizer(Optim.of(config))
+        measured = _time_host_fed_steps(config, make_network(config), tx, data, "td", pool, steps)
         path = Path(data.embeddings.filename)
         point = {"x": transitions, "steps_per_s": measured["steps_per_s"], "table_gb": path.stat().st_size / 1e9,
                  "write_s": written}
