@@ -2,7 +2,10 @@
 
 import dataclasses
 import importlib
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from absl import app, flags
@@ -67,3 +70,41 @@ def run_launcher(capfd, name: str, *args: str) -> Launched:
         sys.modules.pop(f"launch.{name}", None)
     out, err = capfd.readouterr()
     return Launched(code, out, err)
+
+
+def cpu_env(devices: int) -> dict:
+    """A subprocess environment with `devices` simulated CPU devices (never leaking into this process)."""
+    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": str(REPO)}
+
+
+def run_on_eight_devices(script: str, *args) -> str:
+    """Runs `script` (`python -c`, its arguments `args`) on 8 simulated CPU devices; it must print "ok"."""
+    result = subprocess.run([sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=cpu_env(8),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "ok" in result.stdout
+    return result.stdout
+
+
+# An 8-device script's prologue: it records the sharding of the stacked states each offline group trained with.
+RECORD_LAYOUTS = textwrap.dedent("""
+    from rivet_jax import engine
+    LAYOUTS = []
+    _train_together = engine.train_together
+
+    def recording(runs, on_epoch_end=None):
+        states = _train_together(runs, on_epoch_end)
+        leaf = jax.tree.leaves(states.params)[0]
+        spec = tuple(getattr(leaf.sharding, "spec", ()))  # a 1-device run has no mesh
+        LAYOUTS.append((len(runs), runs[0].config.devices, spec, len(leaf.sharding.device_set)))
+        return states
+
+    engine.train_together = recording
+
+
+    def worst(a, b):
+        return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),
+                                                                                          jax.tree.leaves(b)))
+""")
+

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax.experiments.calibrate import best_checkpoints, bootstrap_mean, choose, episode_summary, pareto
+from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,12 +60,20 @@ def test_episode_summary_averages_rollouts_within_a_task_first():
     assert summary["cost_lo"] >= 0.01 - 1e-12 and summary["cost_hi"] <= 0.03 + 1e-12
 
 
-@pytest.mark.slow
-def test_tiny_routesim_calibration(tmp_path):
+@pytest.fixture(scope="module")
+def routesim_calibration(tmp_path_factory) -> Path:
+    """launch.calibrate on tiny RouteSim (1 device), run once for this module's tests."""
+    workdir = tmp_path_factory.mktemp("calibrate")
     result = subprocess.run([sys.executable, "-m", "launch.calibrate", "--config=configs/routesim.py:tiny",
-                             f"--workdir={tmp_path}", "--budget_usd_per_episode=0.004"], cwd=REPO,
+                             f"--workdir={workdir}", "--budget_usd_per_episode=0.004"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    return workdir
+
+
+@pytest.mark.slow
+def test_tiny_routesim_calibration(routesim_calibration):
+    tmp_path = routesim_calibration
     out = json.loads((tmp_path / "calibration.json").read_text())
     rows = out["rows"]
     assert [(r["lambda"], r["stage"]) for r in rows] == [(0.0, "mc"), (0.0, "td"), (2.0, "mc"), (2.0, "td")]
@@ -98,3 +108,35 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
     assert out["chosen"]["lambda"] == kept[index]["lambda"] and "test" not in out
     splits = json.loads((tmp_path / "w" / "runs" / "lambda0" / "seed_42" / "splits.json").read_text())
     assert splits["validation"] and not set(splits["validation"]) & set(splits["train"])
+
+
+CALIBRATE_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+    import jax
+    import numpy as np
+    from configs import routesim
+    from rivet_jax.experiments import calibrate
+    from rivet_jax.experiments.common import with_overrides
+""") + RECORD_LAYOUTS + textwrap.dedent("""
+    # launch.calibrate's run (a router per lambda: 2 runs, one group, measured on validation) on 8 devices; the
+    # launcher's own run (1 device) is the reference.
+    workdir, reference = sys.argv[1], sys.argv[2]
+    calibrate.calibrate(with_overrides(routesim.get_config("tiny"), {"devices": 8}), f"{workdir}/d8", 0.004)
+    # 2 runs on 8 devices: a run per half of the devices, each run's batch split over its 4.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(2, 8, ("runs",), 8)] * 2, LAYOUTS
+    eight = json.loads(open(f"{workdir}/d8/calibration.json").read())
+    one = json.loads(open(f"{reference}/calibration.json").read())
+    assert [(r["lambda"], r["stage"], r["kept"]) for r in eight["rows"]] == [
+        (r["lambda"], r["stage"], r["kept"]) for r in one["rows"]]
+    for key in ("success", "cost", "return"):
+        np.testing.assert_allclose([r[key] for r in eight["rows"]], [r[key] for r in one["rows"]], rtol=1e-6, atol=1e-9)
+    assert (eight["chosen"]["lambda"], eight["router_stage"]) == (one["chosen"]["lambda"], one["router_stage"])
+    print("ok")
+""")
+
+
+
+@pytest.mark.slow
+def test_calibration_on_eight_devices_matches_one(routesim_calibration, tmp_path):
+    run_on_eight_devices(CALIBRATE_SCRIPT, tmp_path, routesim_calibration)

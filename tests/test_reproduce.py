@@ -5,11 +5,13 @@ import math
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from rivet_jax.experiments.common import MAIN, ONE_RUN, pessimistic
+from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
@@ -175,3 +177,72 @@ def test_tiny_report_explains_numbers_that_repeat_or_differ(reproduction):
     assert "with seed 0" in curve and "best-validation checkpoint" in curve and "with seed 1" in curve
     assert f"at lambda = 0.05 it is `{ONE_RUN}`, not Table 1's RIVET Offline" in _section(report, "Figure 3")
     assert "Table 1's RIVET Online on test" in _section(report, "Table 2")
+
+
+GROUP_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from configs import routesim
+    from rivet_jax import checkpointing, corpus, learner, online, sharding
+    from rivet_jax.experiments import routesim as experiment, selection
+    from rivet_jax.experiments.common import run_dir, train_variants, with_overrides
+    from rivet_jax.networks import make_network
+    from rivet_jax.settings import LossWeights, Optim
+""") + RECORD_LAYOUTS + textwrap.dedent("""
+    # The tiny reproduction's first groups (its conservatism grid x seeds, every stage) on 8 devices, on the
+    # reproduction's corpus; the reproduction's own runs (1 device) are the reference.
+    workdir, reference = sys.argv[1], Path(sys.argv[2])
+    config = routesim.get_config("tiny")
+    episodes, cards = experiment.corpus_files(reference / "corpus")
+    settings = selection.grid(config)
+    variants = {selection.variant(s): (selection.overrides(s), "all") for s in settings}
+    eight = train_variants(with_overrides(config, {"devices": 8}), episodes, cards, Path(workdir), variants,
+                           config.reproduce.seeds)
+    runs = len(settings) * len(config.reproduce.seeds)
+    assert runs == 4, runs
+    # 4 runs on 8 devices: one run per pair of devices (runs axis 4), each run's batch split over its pair.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(4, 8, ("runs",), 8)] * 2, LAYOUTS
+    for variant in variants:
+        for seed, got_dir in zip(config.reproduce.seeds, eight[variant]):
+            one = run_dir(reference, variant, seed)
+            for stage in ("mc", "td", "online"):
+                like = checkpointing.StageCheckpoints(one, stage).restore(None)[0]["params"]
+                got = checkpointing.StageCheckpoints(got_dir, stage).restore(None)[0]["params"]
+                print(variant, stage, "max abs difference", worst(got, like))
+                assert worst(got, like) < 1e-4, (variant, stage)
+            assert online.read_progress(got_dir)["best_at"] == online.read_progress(one)["best_at"]
+
+    # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
+    config = experiment.training_config(config, reference / "corpus")
+    prepared = corpus.prepare_data(config, f"{workdir}/online")
+    net, tx = make_network(config), learner.make_optimizer(Optim.of(config))
+    replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
+    rows = corpus.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
+    new = jax.tree.map(lambda r, v: jnp.concatenate([r, v[40:]]), rows, replay)  # 40 new transitions
+    params = {}
+    for devices in (8, 1):
+        mesh = sharding.make_mesh(devices)
+        start = learner.template_state(config.seed, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
+        states, buffers = learner.stack([start]), learner.stack([new])  # a run group of one
+        data, values = prepared.data, learner.run_values([LossWeights.of(config)], [prepared.data.replay])
+        if devices > 1:
+            states, data, buffers, values = (sharding.replicate(x, mesh) for x in (states, data, buffers, values))
+        update = online.make_group_update(net, tx, config, mesh)
+        for _ in range(3):
+            states, _ = update(states, data, values, buffers, jnp.array([40], jnp.int32), jnp.array([True]))
+        params[devices] = states.params
+    print("online update max abs difference", worst(params[8], params[1]))
+    assert worst(params[8], params[1]) < 1e-5
+    print("ok")
+""")
+
+
+
+
+@pytest.mark.slow
+def test_reproduction_groups_shard_their_runs_over_eight_devices_and_match_one(reproduction, tmp_path):
+    workdir, _ = reproduction
+    run_on_eight_devices(GROUP_SCRIPT, tmp_path, workdir)

@@ -3,16 +3,14 @@
 - One run (launch.train) on 8 simulated CPU devices (device-resident and host-fed from a memory-mapped table) and
   on 1 reaches the same parameters, its batches split over all 8; a checkpoint saved on 8 devices restores (and
   routes) on 1.
-- The tiny reproduction's run groups and launch.calibrate's on 8 devices: the runs split over the devices (the
-  trained states sharded over all 8), every stage, online adaptation included, ending where the 1-device run
-  ends; an online update there equals the 1-device one.
+- (The tiny reproduction's run groups and launch.calibrate's on 8 devices: tests/test_reproduce.py and
+  tests/test_calibrate.py, beside the 1-device runs they compare with.)
 - Two processes of two devices each (a real multi-host run over gloo) train on their own replay slices and end
   with the parameters of the same global batches computed here in one process.
 
 They run in subprocesses so that the forced device counts never leak into the rest of the suite.
 """
 
-import os
 import socket
 import subprocess
 import sys
@@ -32,29 +30,9 @@ from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.experiments.common import with_overrides
 from rivet_jax.networks import make_network
 from rivet_jax.settings import LossWeights, Optim, UpdateRule
+from tests.common import RECORD_LAYOUTS, cpu_env, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
-
-# Every script records the sharding of the stacked states each offline group trained with.
-RECORD_LAYOUTS = textwrap.dedent("""
-    from rivet_jax import engine
-    LAYOUTS = []
-    _train_together = engine.train_together
-
-    def recording(runs, on_epoch_end=None):
-        states = _train_together(runs, on_epoch_end)
-        leaf = jax.tree.leaves(states.params)[0]
-        spec = tuple(getattr(leaf.sharding, "spec", ()))  # a 1-device run has no mesh
-        LAYOUTS.append((len(runs), runs[0].config.devices, spec, len(leaf.sharding.device_set)))
-        return states
-
-    engine.train_together = recording
-
-
-    def worst(a, b):
-        return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(jax.tree.leaves(a),
-                                                                                          jax.tree.leaves(b)))
-""")
 
 SCRIPT = textwrap.dedent("""
     import sys
@@ -85,116 +63,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-GROUP_SCRIPT = textwrap.dedent("""
-    import sys
-    from pathlib import Path
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from configs import routesim
-    from rivet_jax import checkpointing, corpus, learner, online, sharding
-    from rivet_jax.experiments import routesim as experiment, selection
-    from rivet_jax.experiments.common import train_variants, with_overrides
-    from rivet_jax.networks import make_network
-    from rivet_jax.settings import LossWeights, Optim
-""") + RECORD_LAYOUTS + textwrap.dedent("""
-    # The tiny reproduction's first groups (its conservatism grid x seeds, every stage) on 8 devices and on 1.
-    workdir = sys.argv[1]
-    config = routesim.get_config("tiny")
-    episodes, cards = experiment.corpus_files(experiment.collect(config, workdir))
-    settings = selection.grid(config)
-    variants = {selection.variant(s): (selection.overrides(s), "all") for s in settings}
-    dirs = {d: train_variants(with_overrides(config, {"devices": d}), episodes, cards, Path(workdir, f"d{d}"), variants,
-                              config.reproduce.seeds) for d in (8, 1)}
-    runs = len(settings) * len(config.reproduce.seeds)
-    assert runs == 4, runs
-    # 4 runs on 8 devices: one run per pair of devices (runs axis 4), each run's batch split over its pair.
-    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(4, 8, ("runs",), 8)] * 2, LAYOUTS
-    for variant in variants:
-        for eight, one in zip(dirs[8][variant], dirs[1][variant]):
-            for stage in ("mc", "td", "online"):
-                like = checkpointing.StageCheckpoints(one, stage).restore(None)[0]["params"]
-                got = checkpointing.StageCheckpoints(eight, stage).restore(None)[0]["params"]
-                print(variant, stage, "max abs difference", worst(got, like))
-                assert worst(got, like) < 1e-4, (variant, stage)
-            assert online.read_progress(eight)["best_at"] == online.read_progress(one)["best_at"]
-
-    # One online update on 8 devices equals the same update on 1 (same logged and new replays, same key).
-    config = experiment.training_config(config, experiment.collect(config, workdir))
-    prepared = corpus.prepare_data(config, f"{workdir}/online")
-    net, tx = make_network(config), learner.make_optimizer(Optim.of(config))
-    replay = online.empty_replay(64, prepared.data.embeddings.shape[1], len(prepared.pool))
-    rows = corpus.gather_batch(prepared.data, jnp.arange(40) % prepared.data.num_transitions)
-    new = jax.tree.map(lambda r, v: jnp.concatenate([r, v[40:]]), rows, replay)  # 40 new transitions
-    params = {}
-    for devices in (8, 1):
-        mesh = sharding.make_mesh(devices)
-        start = learner.template_state(config.seed, net, tx, prepared.data.embeddings.shape[1], prepared.pool, "td")
-        states, buffers = learner.stack([start]), learner.stack([new])  # a run group of one
-        data, values = prepared.data, learner.run_values([LossWeights.of(config)], [prepared.data.replay])
-        if devices > 1:
-            states, data, buffers, values = (sharding.replicate(x, mesh) for x in (states, data, buffers, values))
-        update = online.make_group_update(net, tx, config, mesh)
-        for _ in range(3):
-            states, _ = update(states, data, values, buffers, jnp.array([40], jnp.int32), jnp.array([True]))
-        params[devices] = states.params
-    print("online update max abs difference", worst(params[8], params[1]))
-    assert worst(params[8], params[1]) < 1e-5
-    print("ok")
-""")
-
-
-CALIBRATE_SCRIPT = textwrap.dedent("""
-    import json
-    import sys
-    import jax
-    import numpy as np
-    from configs import routesim
-    from rivet_jax.experiments import calibrate
-    from rivet_jax.experiments.common import with_overrides
-""") + RECORD_LAYOUTS + textwrap.dedent("""
-    # launch.calibrate's run: a router per lambda (2 runs, one group), measured on validation, on 8 devices and 1.
-    workdir = sys.argv[1]
-    for devices in (8, 1):
-        calibrate.calibrate(with_overrides(routesim.get_config("tiny"), {"devices": devices}), f"{workdir}/d{devices}",
-                            0.004)
-    # 2 runs on 8 devices: a run per half of the devices, each run's batch split over its 4.
-    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(2, 8, ("runs",), 8)] * 2, LAYOUTS
-    eight, one = (json.loads(open(f"{workdir}/d{d}/calibration.json").read()) for d in (8, 1))
-    assert [(r["lambda"], r["stage"], r["kept"]) for r in eight["rows"]] == [
-        (r["lambda"], r["stage"], r["kept"]) for r in one["rows"]]
-    for key in ("success", "cost", "return"):
-        np.testing.assert_allclose([r[key] for r in eight["rows"]], [r[key] for r in one["rows"]], rtol=1e-6, atol=1e-9)
-    assert (eight["chosen"]["lambda"], eight["router_stage"]) == (one["chosen"]["lambda"], one["router_stage"])
-    print("ok")
-""")
-
-
-def _cpu_env(devices: int) -> dict:
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-            "PYTHONPATH": str(REPO)}
-
-
-def _run_on_eight_devices(script: str, workdir) -> None:
-    result = subprocess.run([sys.executable, "-c", script, str(workdir)], cwd=REPO, env=_cpu_env(8),
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "ok" in result.stdout
-
-
 @pytest.mark.slow
 def test_one_run_on_eight_devices_matches_one_and_checkpoints_move_between_them(tmp_path):
-    _run_on_eight_devices(SCRIPT, tmp_path)
-
-
-@pytest.mark.slow
-def test_reproduction_groups_shard_their_runs_over_eight_devices_and_match_one(tmp_path):
-    _run_on_eight_devices(GROUP_SCRIPT, tmp_path)
-
-
-@pytest.mark.slow
-def test_calibration_on_eight_devices_matches_one(tmp_path):
-    _run_on_eight_devices(CALIBRATE_SCRIPT, tmp_path)
+    run_on_eight_devices(SCRIPT, tmp_path)
 
 
 def _free_port() -> int:
@@ -215,7 +86,7 @@ def test_two_hosts_train_on_their_slices_like_one_process_on_the_global_batches(
         [sys.executable, "-m", "launch.train", "--multihost", f"--coordinator_address=localhost:{port}",
          "--num_processes=2", f"--process_id={i}", "--config=configs/default.py:tiny", f"--workdir={tmp_path / 'run'}",
          "--config.devices=0", "--config.stage=mc", *data_flags],
-        cwd=REPO, env=_cpu_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+        cwd=REPO, env=cpu_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
     logs = [host.communicate(timeout=300)[0] for host in hosts]
     assert [host.returncode for host in hosts] == [0, 0], "\n".join(log[-3000:] for log in logs)
     assert all("process {} of 2: 2 local devices, 4 in all".format(i) in log for i, log in enumerate(logs))
