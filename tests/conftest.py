@@ -3,16 +3,43 @@
 The full suite runs in parallel (pytest-xdist, `-n auto --dist loadfile` in pytest.ini: every file on one worker,
 so its module fixtures are built once). Files holding a slow test are handed out first, so the long ones do not
 start last and leave one worker running alone. `pytest -m "not slow"` is the inner-loop subset (README).
+
+The tiny configs compile the same programs in many tests and in the launchers' subprocesses: one JAX persistent
+compilation cache per session (a fresh temporary directory, shared by the workers and every subprocess through the
+environment) compiles each once. A directory given in JAX_COMPILATION_CACHE_DIR is used as it is.
 """
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
+import jax
 import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import train
 from rivet_jax.experiments import routesim
 from tests.common import tiny_config
+
+
+CACHE = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+    if CACHE not in os.environ:  # the first process of the session (the controller, or a run without workers)
+        os.environ[CACHE] = tempfile.mkdtemp(prefix="rivet-jax-test-xla-cache-")
+        config.made_compilation_cache = os.environ[CACHE]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile fast, but often
+    jax.config.update("jax_compilation_cache_dir", os.environ[CACHE])  # JAX is imported already in this process
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "made_compilation_cache", None)
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        del os.environ[CACHE]
 
 
 def pytest_collection_modifyitems(config, items):
