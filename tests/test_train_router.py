@@ -207,16 +207,17 @@ def test_each_stage_compiles_its_epoch_once_even_when_resumed(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
-    """A real SIGKILL of the launcher, then the same command again: same final parameters as a straight run."""
+def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path, capfd, monkeypatch):
+    """A real SIGKILL of the launcher's process, then the same command again: same final parameters as a straight
+    run (the straight run and the resumed command run in this process; only the killed one needs its own)."""
     import signal
     import time
 
     args = ["--config=configs/default.py:tiny", "--config.stage=mc", "--config.mc_epochs=60",
             "--config.data.demo=True"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={straight}", *args], cwd=REPO, check=True,
-                   capture_output=True, timeout=300)
+    config = tiny_config(mc_epochs=60)
+    expected = flat_params(run_stage(config, straight, "mc"))
     process = subprocess.Popen([sys.executable, "-m", "launch.train", f"--workdir={killed}", *args], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = killed / "metrics.jsonl"
@@ -230,14 +231,12 @@ def test_launcher_killed_mid_stage_resumes_to_the_same_parameters(tmp_path):
     process.wait()
     done_before_kill = checkpointing.StageCheckpoints(killed, "mc").latest_epoch()
     assert done_before_kill is not None and done_before_kill < 60
-    resumed = subprocess.run([sys.executable, "-m", "launch.train", f"--workdir={killed}", *args], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    monkeypatch.chdir(REPO)
+    resumed = run_launcher(capfd, "train", f"--workdir={killed}", *args)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resuming stage mc" in resumed.stderr
 
-    config = tiny_config(mc_epochs=60)
-    expected = flat_params(run_stage(config, straight, "mc"))  # complete: restores only
-    got = flat_params(run_stage(config, killed, "mc"))
+    got = flat_params(run_stage(config, killed, "mc"))  # complete: restores only
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
