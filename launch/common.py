@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -43,8 +44,10 @@ def run_reporting_user_errors(job: Callable[[], object], config=None) -> object:
 
 def enable_compilation_cache(workdir: str) -> None:
     """JAX's persistent compilation cache under the workdir: jobs of dozens of runs share a handful of programs,
-    so each compiles once, for this run and later ones."""
-    jax.config.update("jax_compilation_cache_dir", str(Path(workdir) / "xla_cache"))
+    so each compiles once, for this run and later ones. A cache the environment names (JAX_COMPILATION_CACHE_DIR,
+    e.g. one shared by a test session) is kept."""
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir", str(Path(workdir) / "xla_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 

@@ -1,12 +1,13 @@
 """What the test files share: runs trained once per session, and the order the files are handed out in.
 
 The full suite runs in parallel (pytest-xdist, `-n auto --dist loadfile` in pytest.ini: every file on one worker,
-so its module fixtures are built once). Files holding a slow test are handed out first, so the long ones do not
-start last and leave one worker running alone. `pytest -m "not slow"` is the inner-loop subset (README).
+so its module fixtures are built once). The longest files, then the others holding a slow test, are handed out
+first, so no long one starts last and leaves one worker running alone. `pytest -m "not slow"` is the inner-loop subset (README).
 
 The tiny configs compile the same programs in many tests and in the launchers' subprocesses: one JAX persistent
 compilation cache per session (a fresh temporary directory, shared by the workers and every subprocess through the
-environment) compiles each once. A directory given in JAX_COMPILATION_CACHE_DIR is used as it is.
+environment; the launchers keep it, see launch.common.enable_compilation_cache) compiles each once. A directory
+given in JAX_COMPILATION_CACHE_DIR is used as it is.
 """
 
 import os
@@ -42,9 +43,19 @@ def pytest_unconfigure(config):
         del os.environ[CACHE]
 
 
+# The files that take longest (measured: their fixtures run whole experiments), handed out first of all.
+LONGEST = ("test_reproduce.py", "test_mint_experiment.py", "test_calibrate.py", "test_run_group.py",
+           "test_train_router.py", "test_sharding.py")
+
+
 def pytest_collection_modifyitems(config, items):
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's own order is kept
+
+    def turn(item):  # stable sort: each file's own order is kept
+        name = item.path.name
+        return (LONGEST.index(name) if name in LONGEST else len(LONGEST), item.path not in slow_files)
+
+    items.sort(key=turn)
 
 
 @pytest.fixture(scope="session")
