@@ -44,9 +44,10 @@ class Launched:
 def run_launcher(capfd, name: str, *args: str) -> Launched:
     """`python -m launch.<name> ARGS`, run in this process: no interpreter or JAX start of its own. The launcher's
     flags are parsed as its `__main__` parses them (`run_app` when it has a --config, else `app.run`), its exit status
-    is its SystemExit, and its flags are removed afterwards so the next launcher can define its own. For launchers
-    that leave no global state behind (no compilation cache): a real process is kept where it is the point (kills,
-    several hosts, a workdir held by another process) and for the long experiments."""
+    is its SystemExit, and every flag it defined (its own, and the --config.KEY overrides that parsing adds) is
+    removed afterwards so the next launcher can define its own. For launchers that leave no global state behind (no
+    compilation cache): a real process is kept where it is the point (kills, several hosts, a workdir held by
+    another process) and for the long experiments."""
     from launch.common import run_app
 
     argv = [f"launch/{name}.py", *args]
@@ -65,7 +66,7 @@ def run_launcher(capfd, name: str, *args: str) -> Launched:
         code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     finally:
         sys.argv, handler.stream = saved_argv, saved_stream
-        for flag in own:
+        for flag in set(flags.FLAGS) - defined:  # the launcher's own, and the --config.KEY overrides parsing added
             delattr(flags.FLAGS, flag)
         sys.modules.pop(f"launch.{name}", None)
     out, err = capfd.readouterr()
