@@ -70,12 +70,17 @@ def make_train_step(net: RivetNet, tx, config, stage: str, mesh=None) -> Callabl
     return train_step
 
 
+def runs_per_step(config) -> int | None:
+    """`lax.map`'s batch size over a group's runs for `config.runs_vmapped` (`learner.runs_vmapped`)."""
+    return runs_vmapped(config.get("runs_vmapped", -1))
+
+
 def over_runs(config, mesh, run_fn: Callable, runs) -> tuple:
     """`run_fn` applied to every run of the stacked `runs`: vmapped with the run axis split over the mesh's `runs`
     shards, or within one shard as `lax.map` (`config.runs_vmapped` runs per step; a CPU one after another)."""
     if mesh is not None and mesh.shape[sharding.RUNS] > 1:
         return jax.vmap(run_fn, spmd_axis_name=sharding.RUNS)(*runs)
-    return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_vmapped(config.get("runs_vmapped", -1)))
+    return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_per_step(config))
 
 
 def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:

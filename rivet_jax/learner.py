@@ -121,8 +121,8 @@ class RunValues(NamedTuple):
     """What differs between the runs of a group (`rivet_jax.engine`) besides their states: leading axis R."""
 
     weights: LossWeights  # each (R,) float32
-    reward: jax.Array            # (R, N) float32 r_t of the logged replay at each run's lambda
-    mc_return: jax.Array         # (R, N) float32 G_t at each run's lambda
+    reward: jax.Array     # (R, N) float32 r_t of the logged replay at each run's lambda
+    mc_return: jax.Array  # (R, N) float32 G_t at each run's lambda
 
 
 def run_values(weights: Sequence[LossWeights], replays: Sequence[dict]) -> RunValues:

@@ -7,11 +7,11 @@
         after `early_stop_after` trajectories: stop once validation has not improved `patience` times in a row
     result: the best validation checkpoint (stage "online"), and a learning curve on the test manifest
 
-The environment is any `envs.base.Env` (RouteSim is one). The runs of a run group (a solo run is a group of
-one) adapt in lockstep: trajectory k of
-every run is one batched rollout (each run's own router and exploration draws, scored in one vmapped call,
-`router.RouterGroup`), every update step is one vmapped call over the runs (a run whose episode was shorter sits
-the extra steps out), and validations of all runs are one batched rollout. Each run keeps its own checkpoints.
+The environment is any `envs.base.Env` (RouteSim is one). The runs of a run group (a solo run is a group of one)
+adapt in lockstep: trajectory k of every run is one batched rollout (each run's own router and exploration draws,
+scored in one vmapped call, `router.RouterGroup`), every update step is one vmapped call over the runs (a run whose
+episode was shorter sits the extra steps out), and validations of all runs are one batched rollout. Each run keeps
+its own checkpoints.
 
 The new replay lives on device in fixed-capacity arrays (R, capacity, ...) of embedding vectors, so adding a
 transition never changes a shape and nothing recompiles. Progress (state, the new replay's filled rows, counters)
@@ -37,9 +37,10 @@ from rivet_jax.corpus import PreparedData, TrainData, gather_batch
 from rivet_jax.data.replay import Batch, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
+from rivet_jax.engine import runs_per_step
 from rivet_jax.envs.base import Env, GroupMember, run_episodes
 from rivet_jax.learner import (STAGE_IDS, RunValues, TrainState, from_saveable, grouped, init_train_state,
-                               make_optimizer, make_update, run_values, runs_vmapped, saveable, shape_signature,
+                               make_optimizer, make_update, run_values, saveable, shape_signature,
                                stack, template_state, unstack, with_run_rewards)
 from rivet_jax.networks import make_network
 from rivet_jax.progress import Progress
@@ -109,7 +110,7 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
         idle_metrics = jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), jax.eval_shape(stepped, state)[1])
         return jax.lax.cond(active, stepped, lambda s: (s, idle_metrics), state)  # a select under vmap
 
-    per_step = runs_vmapped(config.get("runs_vmapped", -1))
+    per_step = runs_per_step(config)
 
     @functools.partial(jax.jit, donate_argnums=0)
     def group_update(states, logged, values, new, num_new, active):
@@ -246,7 +247,7 @@ class RunChunks:
     and out of a stacked step there costs more than the update itself; idle chunks are skipped)."""
 
     def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch], mesh):
-        vmapped = runs_vmapped(runs[0].config.get("runs_vmapped", -1))  # 0: all of them; None: one at a time
+        vmapped = runs_per_step(runs[0].config)  # 0: all of them; None: one at a time
         size = len(runs) if vmapped == 0 else vmapped or 1
         self.members = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
         self.states = [stack([states[r] for r in m]) for m in self.members]
