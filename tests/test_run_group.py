@@ -18,8 +18,8 @@ from rivet_jax.settings import LossWeights, Optim
 
 # Every kind of value a group varies: the seed, both loss weights, the response ablation, lambda and whether the
 # run draws a learning curve.
-VARIANTS = [{"seed": 0}, {"seed": 1, "loss.alpha": 0.0}, {"seed": 2, "loss.beta": 0.5, "loss.zero_response": True},
-            {"seed": 0, "reward.lam": 0.5, "online.curve_points": ()}]
+VARIANTS = [{"seed": 0}, {"seed": 1, "loss.alpha": 0.0, "reward.lam": 0.5, "online.curve_points": ()},
+            {"seed": 2, "loss.beta": 0.5, "loss.zero_response": True}]
 
 
 def saved_params(config, workdir, stage):
