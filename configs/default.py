@@ -114,6 +114,21 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.calibrate.resamples = 200       # bootstrap resamples of every 95% interval (own logs: an FQE refit each)
     config.calibrate.seed = 3
 
+    # The validated choice that ends training (rivet_jax/pipeline.py, deploy.py): runs at each conservatism setting
+    # (CQL weight x where it applies; the config's own loss is always one), each stage's checkpoint, their
+    # ensemble, and each recentred on the per-model floor with shrinkage k; the best fixed model (k = 0) is always a
+    # candidate. On the held-out validation tasks the best candidate is deployed if it beats the best fixed model
+    # (require_gain: with a paired 95% interval above 0), else the best fixed model.
+    config.deploy = ml_collections.ConfigDict()
+    config.deploy.enabled = True
+    config.deploy.alphas = (0.0, 0.01, 0.1)
+    config.deploy.cql_on = ("stochastic", "all")
+    config.deploy.shrinkage = (1.0, 0.5, 0.25)
+    config.deploy.require_gain = True
+    config.deploy.resamples = 200   # bootstrap resamples of every interval (FQE: a refit each)
+    config.deploy.rollouts = 8      # with an environment: rollouts per validation and test task
+    config.deploy.seed = 0
+
     if arg == "tiny":
         config.data.demo_tasks = 9  # 63 episodes
         config.data.holdout.validation = config.data.holdout.test = 0.0

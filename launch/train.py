@@ -1,4 +1,5 @@
-r"""Trains a RIVET router: `--config.stage=mc`, then `td` (or `offline` for both; `online`/`all` with RouteSim).
+r"""Trains a RIVET router: `--config.stage=mc`, then `td` (or `offline` for both; `online`/`all` with RouteSim), and
+ends with the validated choice of what to deploy and its verdict on the test tasks (rivet_jax/pipeline.py).
 
   python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=mc
   python -m launch.train --config=configs/default.py --workdir=/tmp/rivet --config.stage=td
@@ -12,7 +13,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from launch.common import initialize_distributed, run_app, run_reporting_user_errors
-from rivet_jax import train
+from rivet_jax.pipeline import fit
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/<name>.py[:variant]).",
                                           lock_config=True)
@@ -32,7 +33,9 @@ def main(argv):
     if _MULTIHOST.value:
         initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("Config:\n%s", _CONFIG.value)
-    run_reporting_user_errors(lambda: train.train(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
+    result = run_reporting_user_errors(lambda: fit(_CONFIG.value, _WORKDIR.value), _CONFIG.value)
+    if result and result["verdict_text"]:
+        print(result["verdict_text"])
 
 
 if __name__ == "__main__":

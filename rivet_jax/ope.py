@@ -38,8 +38,9 @@ logger giving every available model a positive probability (assumed of any logge
   them alone (unbiased for the logs' task distribution when the loggers were assigned to tasks independently of the
   outcome, as in RouteSim's corpus, where every logger ran every task). FQE needs no propensities and uses all.
 
-Intervals: a percentile bootstrap over episodes (numpy, a fixed seed; the same B resamples for every policy and
-estimator; FQE refitted on each, so FQE's and (W)DR's intervals include the fitting's variance). Not
+Intervals: a percentile bootstrap over tasks, each drawn task bringing all its episodes (numpy, a fixed seed; the
+same B resamples for every policy and estimator; FQE refitted on each, so FQE's and (W)DR's intervals include the
+fitting's variance). Not
 `scipy.stats.bootstrap`: it calls one statistic per resample, where here one FQE refit serves every policy at once,
 and its BCa interval's jackknife would refit FQE n times.
 
@@ -312,10 +313,20 @@ def choose_ridge(logs: Logs, features: np.ndarray, targets: np.ndarray, iteratio
     return min(errors, key=errors.get) / UNDERSMOOTH, errors
 
 
-def bootstrap_counts(num_episodes: int, resamples: int, seed: int) -> np.ndarray:
-    """(B, n) multiplicity of each episode in each resample (episodes drawn with replacement)."""
-    draws = np.random.default_rng(seed).integers(num_episodes, size=(resamples, num_episodes))
-    return np.stack([np.bincount(d, minlength=num_episodes) for d in draws]).astype(np.float64)
+def bootstrap_counts(clusters: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """(B, n) multiplicity of each episode in each resample: the clusters (n,) int (each episode's task) drawn with
+    replacement, every episode of a drawn cluster with it. Episodes of one task are not independent draws (every
+    logger ran the same tasks; a task's difficulty moves all of them), so resampling episodes would give intervals
+    too narrow by up to the square root of the episodes per task."""
+    _, cluster = np.unique(clusters, return_inverse=True)
+    num_clusters = int(cluster.max()) + 1
+    draws = np.random.default_rng(seed).integers(num_clusters, size=(resamples, num_clusters))
+    per_cluster = np.stack([np.bincount(d, minlength=num_clusters) for d in draws])                # (B, K)
+    return per_cluster[:, cluster].astype(np.float64)                                              # (B, n)
+
+
+def task_clusters(logs: Logs) -> np.ndarray:  # (n,) the task of each episode, the bootstrap's unit
+    return np.array([e.task.id for e in logs.episodes])
 
 
 def episode_of_rows(logs: Logs) -> np.ndarray:  # (N,) the episode each logged state belongs to
@@ -352,16 +363,20 @@ def support_stats(weights: np.ndarray) -> list[dict]:
 
 
 def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray, *, resamples: int = 200,
-             seed: int = 0, ridge: float | None = None, iterations: int | None = None, level: float = 0.95) -> dict:
+             seed: int = 0, ridge: float | None = None, iterations: int | None = None, level: float = 0.95,
+             keep_draws: bool = False) -> dict:
     """IS, WIS, FQE and DR of every named target distribution (N, M) (`target_distribution`), each channel with a
-    percentile bootstrap interval over episodes at `level`. FQE runs `iterations` rounds, by default H (the longest
+    percentile bootstrap interval at `level` over tasks (`bootstrap_counts`: episodes of one task are resampled
+    together). FQE runs `iterations` rounds, by default H (the longest
     episode): each round carries value one turn further back, so H reach the first turn of every episode; its ridge
     penalty is `ridge`, or (None) chosen by `choose_ridge` on the logs and kept for every resample.
 
     Returns {"support": the note on which episodes the IS family uses, "episodes": n, "supported": how many of them,
     "rows": one per policy and estimator: policy, estimator, each channel's estimate, <channel>_lo, <channel>_hi (nan
     where the estimator is undefined); the IS family's rows add `followed` and `ess` (`support_stats`)}, and the ridge
-    penalty FQE used (with every candidate's cross-validation error when it was chosen)."""
+    penalty FQE used (with every candidate's cross-validation error when it was chosen). `keep_draws`: also
+    "draws", {estimator: (B, P, C)} every resample's estimates (the same resamples for every policy, so paired
+    differences between policies are read from them)."""
     names = list(targets)
     stacked = np.stack([targets[name] for name in names])                                           # (P, N, M)
     support = logging_support(logs)
@@ -373,7 +388,7 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     ones = np.ones(len(logs.episodes))
     point = estimates(logs, stacked, weights, support.episodes, features, ones, ridge, iterations)
     boot = [estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations)
-            for counts in bootstrap_counts(len(logs.episodes), resamples, seed)]
+            for counts in bootstrap_counts(task_clusters(logs), resamples, seed)]
     tail = 100 * (1 - level) / 2
     rows = []
     for p, (name, stats) in enumerate(zip(names, support_stats(weights))):
@@ -385,5 +400,9 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
                 lo, hi = (np.nan, np.nan) if np.isnan(estimate) else np.nanpercentile(draws[:, c], [tail, 100 - tail])
                 row.update({channel: estimate, f"{channel}_lo": float(lo), f"{channel}_hi": float(hi)})
             rows.append({**row, **stats} if estimator != "FQE" else row)
-    return {"support": support.note, "episodes": len(logs.episodes), "supported": int(support.episodes.sum()),
-            "resamples": resamples, "level": level, "ridge": ridge, **chosen, "rows": rows}
+    out = {"support": support.note, "episodes": len(logs.episodes), "tasks": len(set(task_clusters(logs))),
+           "supported": int(support.episodes.sum()), "resamples": resamples, "level": level, "ridge": ridge,
+           **chosen, "rows": rows}
+    if keep_draws:
+        out["draws"] = {estimator: np.stack([b[estimator] for b in boot]) for estimator in ESTIMATORS}
+    return out

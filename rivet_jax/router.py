@@ -7,14 +7,21 @@
     ensemble = Router.ensemble([Router.from_checkpoint(d) for d in run_dirs])  # mean Q_route of several runs
 
 The router sees the task and the completed turns (response + feedback), serialized exactly as in training; never
-the response of the call it is about to make, and never which models answered earlier.
+the response of the call it is about to make, and never which models answered earlier (a committed router reads the
+last turn's model only to keep calling it).
+
+A training workdir that `rivet_jax.fit` (launch.train) ended with a validated choice holds `deploy.json`
+(`rivet_jax/deploy.py`): `Router.from_checkpoint(W)` loads that choice (its runs, stage, recentring and whether it
+commits); an explicit `stage` loads that stage's checkpoint of W's own run, as trained.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 import jax
@@ -30,14 +37,41 @@ from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
 from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
 
-# A history turn: a Turn, or any mapping with "response" and "feedback".
+# A history turn: a Turn, or any mapping with "response" and "feedback" (and optionally "model").
 HistoryTurn = Turn | Mapping[str, str]
+DEPLOY_FILE = "deploy.json"  # a workdir's validated choice (rivet_jax/deploy.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class RouteDecision:
     model: str                 # the argmax of Q_route over the available candidates
     scores: dict[str, float]   # Q_route of every pool model; -inf for unavailable ones
+
+
+@dataclasses.dataclass(frozen=True)
+class Recentring:
+    """Scores floor + k (Q_route - centre), per model: `floor` (M,) each model's mean logged return as a fixed model
+    on the training tasks, `centre` (M,) the router's mean Q_route over the training states. k = 0 always calls the
+    best fixed model (the best available floor); k = 1 keeps the router's differences between states at each model's
+    logged level; between, the differences are shrunk toward the floor (`rivet_jax/deploy.py` says why)."""
+
+    floor: np.ndarray   # (M,)
+    centre: np.ndarray  # (M,)
+    k: float
+
+    def __call__(self, q: np.ndarray) -> np.ndarray:  # (B, M) -> (B, M)
+        return self.floor[None, :] + self.k * (q - self.centre[None, :])
+
+
+def keep_previous(q: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """A committed router's scores (B, M): where the previous turn's model `previous` (B,) int (-1: none, a first
+    turn) is available (finite score), every other model gets -inf, so the argmax keeps calling it."""
+    rows = np.flatnonzero(previous >= 0)
+    rows = rows[np.isfinite(q[rows, previous[rows]])]
+    out = q.copy()
+    out[rows] = -np.inf
+    out[rows, previous[rows]] = q[rows, previous[rows]]
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +122,10 @@ class Router:
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
                  card_embeddings: np.ndarray, c_ref: float | None = None, stacked: bool = False,
-                 pessimism: float = 0.0):
+                 pessimism: float = 0.0, recentring: Recentring | None = None, commit: bool = False):
         self.pool = pool
+        self.recentring = recentring  # scores recentred on the per-model floor (None: Q_route as trained)
+        self.commit = commit          # True: after the first turn, keep calling the previous turn's model
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
@@ -104,7 +140,8 @@ class Router:
     @classmethod
     def from_checkpoint(cls, workdir: str | os.PathLike, stage: str | None = None,
                         encoder: Encoder | None = None, pool: ModelPool | None = None) -> "Router":
-        """Loads the latest checkpoint of `stage` (default: the last trained stage) from a training workdir.
+        """Loads the latest checkpoint of `stage` from a training workdir; without a stage, the workdir's validated
+        choice (`deploy.json`, `Router.deployed`) where it has one, else its last trained stage.
 
         `encoder` defaults to the one named in the checkpoint's config; `pool` (e.g. your deployment's cards)
         defaults to the checkpoint's own. Both must match what the router was trained with; models that are
@@ -113,6 +150,8 @@ class Router:
         A damaged latest checkpoint (its files no longer match their checksums) is passed over for the newest
         intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteError).
         """
+        if stage is None and (Path(workdir) / DEPLOY_FILE).exists():
+            return cls.deployed(workdir, encoder=encoder, pool=pool)
         stage = stage or checkpointing.latest_stage(workdir, checkpointing.ROUTER_STAGES)
         if stage is None:
             raise FileNotFoundError(f"no checkpoint under {checkpointing.stage_dir(workdir, '*')}")
@@ -127,6 +166,29 @@ class Router:
         _check_finite_params(params, checkpoints.directory / str(checkpoints.latest_epoch()))
         card_embeddings = encoder.encode([card.description for card in pool.cards])
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
+
+    @classmethod
+    def deployed(cls, workdir: str | os.PathLike, encoder: Encoder | None = None,
+                 pool: ModelPool | None = None) -> "Router":
+        """The router `workdir/deploy.json` names (written by `rivet_jax.fit`): its runs' checkpoints of its stage
+        (an ensemble when several), with its recentring and commitment."""
+        path = Path(workdir) / DEPLOY_FILE
+        try:
+            spec = json.loads(path.read_text(encoding="utf-8"))["deploy"]
+            runs, stage = [Path(workdir) / run for run in spec["runs"]], spec["stage"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}: not a deployment written by rivet_jax.fit ({error!r}); load a stage "
+                             f"explicitly (stage='td') or refit") from error
+        members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool) for run in runs]
+        router = members[0] if len(members) == 1 else cls.ensemble(members, spec.get("pessimism", 0.0))
+        recentring = spec.get("recentring")
+        if recentring is not None:
+            names = router.pool.names
+            router.recentring = Recentring(np.array([recentring["floor"][m] for m in names]),
+                                           np.array([recentring["centre"][m] for m in names]),
+                                           float(recentring["k"]))
+        router.commit = bool(spec.get("commit", False))
+        return router
 
     @classmethod
     def ensemble(cls, members: Sequence["Router"], pessimism: float = 0.0) -> "Router":
@@ -168,6 +230,8 @@ class Router:
         h = np.asarray(h, np.float32)
         q = np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards,
                                       self.pessimism))[:len(h)]
+        if self.recentring is not None:
+            q = self.recentring(q.astype(np.float64))
         if available is not None:
             available = np.broadcast_to(available, q.shape)
             if not available.any(axis=1).all():
@@ -191,7 +255,19 @@ class Router:
                                  f"availability (a list of names, or None) per state")
             mask = np.stack([self.available_mask(a) for a in available]) if states else None
         blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
-        return self.scores_from_embeddings(encode_states(self.encoder, blocks), mask)
+        q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask)
+        if self.commit:
+            q = keep_previous(q, np.array([self._previous_model(history) for _, history in states], int))
+        return q
+
+    def _previous_model(self, history: Sequence[HistoryTurn]) -> int:
+        """Pool index of the model that answered the last turn of `history`; -1 for none or unknown (a history
+        without models, e.g. a proxy's conversation: the committed router then routes that turn afresh)."""
+        if not history:
+            return -1
+        last = history[-1]
+        model = last.model if isinstance(last, Turn) else last.get("model") if isinstance(last, Mapping) else None
+        return self.pool.index(model) if isinstance(model, str) and model in self.pool else -1
 
     def route(self, task: str, history: Sequence[HistoryTurn] = (),
               available: Iterable[str] | None = None) -> RouteDecision:

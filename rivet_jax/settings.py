@@ -90,7 +90,7 @@ SETTINGS: dict[str, Setting] = {
                                        *_FRACTION, RUN),
     "data.holdout.test": Setting("share of the tasks held out to test", *_FRACTION, RUN),
     "data.holdout.seed": Setting("the draw of the held-out tasks", is_integer, "an integer", RUN),
-    "data.embedding_cache": Setting("frozen-encoder cache directory ('' = <workdir>/embeddings)"),
+    "data.embedding_cache": Setting("frozen-encoder cache directory ('' = <workdir>/embeddings)", per_run=True),
     "data.embeddings_on_disk": Setting("the embedding table memory-mapped, batches gathered on the host"),
     "data.host_chunk_steps": Setting("host-fed training: batches gathered and run per jit call", *_INT1),
     "data.demo": Setting("train on RouteSim's demo corpus, collected into the workdir", resume=RUN),
@@ -164,6 +164,22 @@ SETTINGS: dict[str, Setting] = {
     "calibrate.split": Setting("RouteSim: the tasks rolled out on (own logs: the held-out validation split)"),
     "calibrate.resamples": Setting("bootstrap resamples of every 95% interval", *_INT1),
     "calibrate.seed": Setting("the bootstrap's draws"),
+    # the validated choice at the end of training (rivet_jax/deploy.py)
+    "deploy.enabled": Setting("end training by choosing what to deploy on the validation tasks", one_of(True, False),
+                              "True or False"),
+    "deploy.alphas": Setting("the CQL weights of the conservatism grid", lambda v: isinstance(v, (tuple, list))
+                             and all(within(0.0, MAX_WEIGHT)(x) for x in v),
+                             f"a list of CQL weights in [0, {MAX_WEIGHT:g}]"),
+    "deploy.cql_on": Setting("where CQL applies, in the conservatism grid", lambda v: isinstance(v, (tuple, list))
+                             and all(x in CQL_ON for x in v), f"a list of {' / '.join(CQL_ON)}"),
+    "deploy.shrinkage": Setting("the shrinkage k > 0 of the recentred candidates (k = 0, the best fixed model, is "
+                                "always one)", lambda v: isinstance(v, (tuple, list))
+                                and all(within(0.0, 1.0)(x) for x in v), "a list of numbers in [0, 1]"),
+    "deploy.require_gain": Setting("deploy a router only if it beats the best fixed model with a paired 95% "
+                                   "interval above 0", one_of(True, False), "True or False"),
+    "deploy.resamples": Setting("bootstrap resamples of every interval", *_INT1),
+    "deploy.rollouts": Setting("with an environment: rollouts per validation and test task", *_INT1),
+    "deploy.seed": Setting("the bootstrap's and the rollouts' draws"),
     # launch.serve (configs/serve.py)
     "router_stage": Setting("the checkpoint stage to serve ('' = the last trained)", one_of("", "mc", "td", "online"),
                             "'' (the last trained), 'mc', 'td' or 'online'"),

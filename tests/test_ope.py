@@ -124,7 +124,7 @@ def two_turn_episodes(count: int, seed: int) -> list[Episode]:
             if rng.random() < SOLVE[model]:
                 outcome = 1
                 break
-        episodes.append(Episode(f"e{i}", Task("t", "task"), tuple(turns), outcome))
+        episodes.append(Episode(f"e{i}", Task(f"t{i}", "task"), tuple(turns), outcome))
     return episodes
 
 

@@ -1,0 +1,353 @@
+"""The validated choice: what a training workdir deploys, chosen on its held-out validation tasks.
+
+A trained router can be worse than always calling one model and say nothing (README, "Your own agent"). So
+training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every candidate it could deploy:
+
+  each run's stage checkpoints     MC, TD, online (with an environment), one run per conservatism setting
+  an ensemble                      per stage, the mean Q_route of those runs (Router.ensemble)
+  recentred and shrunk             each of the above as floor(m) + k (Q_route(s, m) - centre(m)) (router.Recentring):
+                                   the per-model floor is each model's mean logged return as a fixed model on the
+                                   training tasks, centre its mean Q_route over the training states; k in
+                                   `config.deploy.shrinkage`. Q_route's level can be far off (the TD stage values
+                                   calling m and then routing on; CQL pushes down what was not logged) while its
+                                   differences between states still carry the routing; with few training tasks
+                                   those differences are noisier than the models' margins, and shrinking them helps.
+  the best fixed model             k = 0: floor(m) alone, always the best fixed model of the training tasks
+
+and deploys the best one whose validation return J beats the best fixed model's with a paired 95% interval above 0
+(`config.deploy.require_gain`); none does: the best fixed model. The choice is then never worse than the best fixed
+model on validation, and is the best fixed model itself unless validation shows a gain.
+
+Estimates (J of Eq. 2, discounted, with success and dollar cost per episode; bootstrap over tasks):
+  rollouts     with an environment (RouteSim): every candidate rolled out on its validation tasks, exactly
+  committed    A/B logs (one model per episode) where most validation tasks have an episode of every model: a
+               candidate chooses at the first turn and keeps that model (the logs show nothing about switching), so
+               its value on a task is the logged value of its first choice's episodes, exactly
+  FQE          otherwise: fitted-Q evaluation on the held-out logs (`rivet_jax.ope`; on RouteSim's held-out logs
+               the most accurate estimator), refitted on every resample
+
+Files: `<workdir>/deploy.json` (the choice, what `Router.from_checkpoint(W)` loads, and every candidate's estimate)
+and `<workdir>/selection.md` (the table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from rivet_jax import evaluation, ope
+from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.schema import Episode, ModelPool
+from rivet_jax.data.serialize import serialize_state
+from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.envs.base import Env, Policy
+from rivet_jax.router import DEPLOY_FILE, Recentring, Router, keep_previous
+
+SELECTION_FILE = "selection.md"
+CHANNELS = ope.CHANNELS          # return J (Eq. 2, discounted), success, dollar cost per episode
+J, SUCCESS, COST = range(3)
+BEST_FIXED = "best fixed (train)"
+RANDOM = "random"
+
+
+# ------------------------------------------------------------------------------------------------ candidates
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One deployable router: runs (directories relative to the workdir; several: an ensemble) at a stage, its
+    Q_route as trained (k None) or recentred with shrinkage k (k = 0: the best fixed model)."""
+
+    name: str
+    runs: tuple[str, ...]
+    stage: str
+    k: float | None = None
+
+    def spec(self, recentring: Recentring | None, names: Sequence[str], commit: bool) -> dict:
+        """What deploy.json records for `Router.deployed`."""
+        return {"name": self.name, "runs": list(self.runs), "stage": self.stage, "commit": commit,
+                "recentring": None if recentring is None else {
+                    "k": recentring.k, "floor": dict(zip(names, recentring.floor.tolist())),
+                    "centre": dict(zip(names, recentring.centre.tolist()))}}
+
+
+def candidates(runs: Mapping[str, str], stages: Sequence[str], shrinkage: Sequence[float]) -> list[Candidate]:
+    """Every candidate of the runs {setting name: directory} at their trained `stages`: the best fixed model first
+    (ties go to it), then per stage each run and (several runs) their ensemble, as trained and recentred at every
+    k > 0 of `shrinkage`."""
+    first = next(iter(runs.values()))
+    out = [Candidate(BEST_FIXED, (first,), stages[-1], 0.0)]
+    for stage in stages:
+        groups = [(f"{name} {stage}", (directory,)) for name, directory in runs.items()]
+        if len(runs) > 1:
+            groups.append((f"ensemble {stage}", tuple(runs.values())))
+        for name, dirs in groups:
+            out.append(Candidate(name, dirs, stage))
+            out += [Candidate(f"{name} k={k:g}", dirs, stage, float(k)) for k in shrinkage if k > 0]
+    return out
+
+
+def load_router(workdir: Path, candidate: Candidate) -> Router:
+    """The candidate's runs at its stage, as trained (recentring is applied by the caller)."""
+    members = [Router.from_checkpoint(workdir / run, stage=candidate.stage) for run in candidate.runs]
+    return members[0] if len(members) == 1 else Router.ensemble(members)
+
+
+# ----------------------------------------------------------------------------------------- held-out states
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """Held-out episodes as the estimators and the candidates read them (N logged states, M models)."""
+
+    logs: ope.Logs
+    h: np.ndarray          # (N, D) the frozen encoder's embedding of each logged state
+    previous: np.ndarray   # (N,) pool index of the model called at the previous logged turn; -1 at first turns
+
+    @property
+    def features(self) -> np.ndarray:  # (N, D + 1) FQE's features
+        return np.concatenate([np.asarray(self.h, np.float64), np.ones((len(self.h), 1))], axis=1)
+
+
+def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, max_tokens: int, lam: float,
+             gamma: float, c_ref: float) -> HeldOut:
+    logs = ope.read_logs(episodes, pool, lam, gamma, c_ref)
+    texts = [serialize_state(e.task.prompt, e.turns[:t], store.encoder.count_tokens, max_tokens)
+             for e in logs.episodes for t in range(len(e.turns))]
+    previous = np.array([pool.index(e.turns[t - 1].model) if t else -1
+                         for e in logs.episodes for t in range(len(e.turns))])
+    return HeldOut(logs, np.asarray(store.embed(texts), np.float32), previous)
+
+
+def choices(q: np.ndarray, held: HeldOut, commit: bool) -> np.ndarray:
+    """(N,) the model chosen at every logged state from scores q (N, M) (unavailable: masked here)."""
+    q = np.where(held.logs.available, q, -np.inf)
+    return np.argmax(keep_previous(q, held.previous) if commit else q, axis=1)
+
+
+def one_hot(chosen: np.ndarray, num_models: int) -> np.ndarray:  # (N,) -> (N, M) a deterministic target
+    return np.eye(num_models)[chosen]
+
+
+def uniform(held: HeldOut) -> np.ndarray:  # (N, M) the random router: uniform over the available models
+    available = held.logs.available.astype(np.float64)
+    return available / available.sum(axis=1, keepdims=True)
+
+
+# ------------------------------------------------------------------------------------------------ estimates
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimates:
+    """P policies' J, success and cost per episode (C = 3), their bootstrap draws (the same resamples for every
+    policy: paired differences are read from them), and how they were estimated."""
+
+    names: list[str]
+    point: np.ndarray    # (P, C)
+    draws: np.ndarray    # (B, P, C)
+    estimator: str       # rollouts | committed | FQE
+    tasks: int           # the tasks estimated on (the bootstrap's unit)
+    note: str = ""
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+    def interval(self, p: int, channel: int, level: float = 0.95) -> tuple[float, float]:
+        tail = 100 * (1 - level) / 2
+        return tuple(float(x) for x in np.nanpercentile(self.draws[:, p, channel], [tail, 100 - tail]))
+
+    def difference(self, p: int, q: int, channel: int = J, level: float = 0.95) -> tuple[float, float, float]:
+        """Policy p minus policy q: the estimate and its paired interval."""
+        tail = 100 * (1 - level) / 2
+        diff = self.draws[:, p, channel] - self.draws[:, q, channel]
+        low, high = np.nanpercentile(diff, [tail, 100 - tail])
+        return float(self.point[p, channel] - self.point[q, channel]), float(low), float(high)
+
+    def row(self, p: int) -> dict:
+        out = {"policy": self.names[p]}
+        for c, channel in enumerate(CHANNELS):
+            low, high = self.interval(p, c)
+            out.update({channel: float(self.point[p, c]), f"{channel}_lo": low, f"{channel}_hi": high})
+        return out
+
+
+def task_bootstrap(per_task: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Means of per-task values (P, T, C) over tasks drawn with replacement: (B, P, C)."""
+    counts = ope.bootstrap_counts(np.arange(per_task.shape[1]), resamples, seed)                     # (B, T)
+    return np.einsum("bt,ptc->bpc", counts, per_task) / per_task.shape[1]
+
+
+def complete_tasks(held: HeldOut, num_models: int) -> list[str]:
+    """The held-out tasks with a one-model episode of every pool model (exact committed evaluation)."""
+    covered: dict[str, set[int]] = {}
+    for e, first in zip(held.logs.episodes, held.logs.first):
+        episode_models = set(held.logs.action[first:first + len(e.turns)].tolist())
+        if len(episode_models) == 1:
+            covered.setdefault(e.task.id, set()).update(episode_models)
+    return sorted(t for t, models in covered.items() if len(models) == num_models)
+
+
+def committed_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], tasks: Sequence[str], resamples: int,
+                        seed: int) -> Estimates:
+    """Committed routing, exactly: on each task, the target's first-turn distribution over models times each
+    model's logged values there (the mean over its one-model episodes of J, success and cost)."""
+    logs = held.logs
+    row_of_task, values = {t: i for i, t in enumerate(tasks)}, np.zeros((len(tasks), logs.available.shape[1], 3))
+    counts, first_row = np.zeros(values.shape[:2]), {}
+    discounted = ope.is_terms(logs, np.where(logs.live, 1.0, 0.0))                                  # (n, C)
+    for i, (e, first) in enumerate(zip(logs.episodes, logs.first)):
+        if e.task.id not in row_of_task:
+            continue
+        models = set(logs.action[first:first + len(e.turns)].tolist())
+        if len(models) == 1:
+            t, m = row_of_task[e.task.id], models.pop()
+            values[t, m] += discounted[i]
+            counts[t, m] += 1
+            first_row.setdefault(e.task.id, first)
+    values /= np.maximum(counts, 1)[:, :, None]
+    rows = np.array([first_row[t] for t in tasks])
+    per_task = np.stack([np.einsum("tm,tmc->tc", target[rows], values) for target in targets.values()])  # (P,T,C)
+    return Estimates(list(targets), per_task.mean(axis=1), task_bootstrap(per_task, resamples, seed), "committed",
+                     len(tasks), f"the logged value of each task's first choice, on the {len(tasks)} held-out tasks "
+                             f"with an episode of every model")
+
+
+def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: int, seed: int) -> Estimates:
+    result = ope.evaluate(held.logs, dict(targets), held.features, resamples=resamples, seed=seed, keep_draws=True)
+    p_index = {name: p for p, name in enumerate(targets)}
+    point = np.zeros((len(targets), 3))
+    for row in result["rows"]:
+        if row["estimator"] == "FQE":
+            point[p_index[row["policy"]]] = [row[c] for c in CHANNELS]
+    return Estimates(list(targets), point, result["draws"]["FQE"], "FQE", result["tasks"],
+                     f"fitted-Q evaluation on {result['episodes']} held-out episodes of {result['tasks']} tasks "
+                     f"(ridge {result['ridge']:g})")
+
+
+def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, rollouts: int, seed: int, lam: float,
+                      gamma: float, c_ref: float, resamples: int) -> tuple[Estimates, list[list[Episode]]]:
+    """Every policy rolled out `rollouts` times per task of `split`, exactly; also the episodes."""
+    rolled = evaluation.rollout_each(env, list(policies.values()), split, rollouts, seed)
+    tasks = sorted({e.task.id for e in rolled[0]})
+    index = {t: i for i, t in enumerate(tasks)}
+    per_task = np.zeros((len(policies), len(tasks), 3))
+    for p, episodes in enumerate(rolled):
+        counts = np.zeros(len(tasks))
+        for e in episodes:
+            per_task[p, index[e.task.id]] += (evaluation.discounted_return(e, lam, gamma, c_ref), e.outcome,
+                                              sum(t.cost for t in e.turns))
+            counts[index[e.task.id]] += 1
+        per_task[p] /= counts[:, None]
+    estimates = Estimates(list(policies), per_task.mean(axis=1), task_bootstrap(per_task, resamples, seed),
+                          "rollouts", len(tasks), f"{rollouts} rollout(s) of each of {len(tasks)} {split} tasks")
+    return estimates, rolled
+
+
+# ---------------------------------------------------------------------------------------------------- choice
+
+
+def choose(estimates: Estimates, require_gain: bool) -> int:
+    """The candidate with the best J among those that beat the best fixed model (`require_gain`: with a paired
+    interval above 0; else by the point estimate); none: the best fixed model."""
+    floor = estimates.index(BEST_FIXED)
+    better = [p for p in range(len(estimates.names))
+              if p != floor and estimates.difference(p, floor)[1 if require_gain else 0] > 0]
+    return max(better, key=lambda p: estimates.point[p, J]) if better else floor
+
+
+@dataclasses.dataclass
+class Scorer:
+    """What every candidate needs: the trained routers, the per-model floor and each run's centre."""
+
+    workdir: Path
+    pool: ModelPool
+    floor: np.ndarray                       # (M,) mean logged return of each model as a fixed model (train)
+    train_h: np.ndarray                     # (S, D) the training states the centres are means over
+    commit: bool
+    _routers: dict = dataclasses.field(default_factory=dict)
+
+    def router(self, candidate: Candidate) -> Router:
+        key = (candidate.runs, candidate.stage)
+        if key not in self._routers:
+            self._routers[key] = load_router(self.workdir, candidate)
+        return self._routers[key]
+
+    def recentring(self, candidate: Candidate) -> Recentring | None:
+        if candidate.k is None:
+            return None
+        centre = self.router(candidate).scores_from_embeddings(self.train_h).mean(axis=0)          # (M,)
+        return Recentring(self.floor, centre.astype(np.float64), candidate.k)
+
+    def deployable(self, candidate: Candidate) -> Router:
+        """The candidate as `Router.deployed` loads it."""
+        base = self.router(candidate)
+        router = Router(base._params, base.pool, base.encoder, base.config, base._card_embeddings, c_ref=base.c_ref,
+                        stacked=True, pessimism=base.pessimism, recentring=self.recentring(candidate),
+                        commit=self.commit)
+        return router
+
+    def scores(self, candidate: Candidate, h: np.ndarray) -> np.ndarray:  # (N, M) at states h (N, D)
+        q = self.router(candidate).scores_from_embeddings(h).astype(np.float64)
+        recentring = self.recentring(candidate)
+        return q if recentring is None else recentring(q)
+
+
+def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, lam: float, gamma: float, c_ref: float) -> np.ndarray:
+    """(M,) each model's mean logged return as a fixed model on `episodes` (the training tasks'); a model never
+    logged alone gets the lowest floor (never the best fixed model; recentred, it can still be chosen)."""
+    returns = BestFixedRouter.fit(episodes, pool, lam, gamma, c_ref).returns
+    lowest = min(returns.values())
+    return np.array([returns.get(m, lowest) for m in pool.names])
+
+
+def write_deployment(workdir: Path, chosen: dict, estimates: Estimates, rows: list[dict], extra: dict) -> None:
+    document = {"deploy": chosen, "estimator": estimates.estimator, "note": estimates.note, "tasks": estimates.tasks,
+                "candidates": rows, **extra}
+    atomic_write_text(workdir / DEPLOY_FILE, json.dumps(document, indent=1, allow_nan=True) + "\n")
+
+
+def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading: str) -> str:
+    lines = [f"# {heading}", "",
+             f"Validation estimates ({estimates.estimator}: {estimates.note}). J is Eq. 2's discounted return per "
+             f"episode; intervals are 95% over tasks; 'vs best fixed' is the paired difference in J.", "",
+             "| candidate | J | 95% | success | cost/episode ($) | vs best fixed | 95% | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['policy']} | {r['return']:.4f} | [{r['return_lo']:.4f}, {r['return_hi']:.4f}] | "
+                     f"{r['success']:.3f} | {r['cost']:.5f} | {r['gain']:+.4f} | [{r['gain_lo']:+.4f}, "
+                     f"{r['gain_hi']:+.4f}] | {'**deployed**' if r['policy'] == chosen else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def candidate_rows(estimates: Estimates) -> list[dict]:
+    floor = estimates.index(BEST_FIXED)
+    rows = []
+    for p in range(len(estimates.names)):
+        gain, low, high = estimates.difference(p, floor)
+        rows.append({**estimates.row(p), "gain": gain, "gain_lo": low, "gain_hi": high})
+    return rows
+
+
+def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: HeldOut) -> dict[str, np.ndarray]:
+    """{candidate name: (N, M) its deterministic choice at every held-out logged state}."""
+    return {c.name: one_hot(choices(scorer.scores(c, held.h), held, scorer.commit), len(scorer.pool))
+            for c in chosen_candidates}
+
+
+def log_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], committed: bool, resamples: int, seed: int,
+                  min_complete: float = 0.5) -> Estimates:
+    """Committed estimates where the held-out tasks support them (`committed`, and at least `min_complete` of the
+    tasks with an episode of every model), else FQE."""
+    if committed:
+        tasks = complete_tasks(held, held.logs.available.shape[1])
+        if len(tasks) >= max(2, min_complete * len({e.task.id for e in held.logs.episodes})):
+            return committed_estimates(held, targets, tasks, resamples, seed)
+    return fqe_estimates(held, targets, resamples, seed)
+
+
+ProgressFn = Callable[[str], None]

@@ -1,0 +1,192 @@
+"""From logs to a router you can trust: `fit(config, workdir)` (what `launch.train` runs).
+
+    logs -> their profile (data/profile.py: what they can teach; printed, <workdir>/logs_profile.json)
+         -> the runs: the config's own in <workdir>, one per other conservatism setting in <workdir>/candidates/
+            (`config.deploy.alphas` x `cql_on`, deduplicated: on logs without draws CQL "on draws" is no CQL), as
+            one run group (train.train_group; a killed fit resumes every run)
+         -> the validated choice on the held-out validation tasks (deploy.py): deploy.json, selection.md
+         -> the verdict on the held-out test tasks (verdict.py): verdict.json, verdict.md, printed
+
+Without validation tasks (config.data.holdout.validation = 0 and no environment) nothing can be chosen: the
+config's own run is trained alone, no deploy.json is written, and the log says the router is unvalidated.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+from absl import logging
+
+from rivet_jax import deploy, ope, train
+from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax.config_checks import check_config
+from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
+from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.profile import LogsProfile, profile_logs
+from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
+from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
+from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.envs.base import Env, RandomPolicy, RouterPolicy
+from rivet_jax.experiments.common import with_overrides
+from rivet_jax.stage_run import stored_c_ref
+from rivet_jax.verdict import identical_fixed, routing_of, verdict, write_verdict
+
+PROFILE_FILE = "logs_profile.json"
+
+
+def logged_splits(config, workdir: Path) -> dict[str, list[Episode]]:
+    """The logs by the workdir's task split (all training when nothing is held out)."""
+    episodes_path, cards_path = corpus_paths(config, workdir)
+    pool = read_model_cards(cards_path)
+    episodes = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid,
+                             max_skipped_fraction=config.data.max_skipped_fraction).episodes
+    manifest = workdir / MANIFEST
+    if not manifest.exists():
+        return {"train": episodes, "validation": [], "test": []}
+    saved = json.loads(manifest.read_text(encoding="utf-8"))
+    return {name: episodes_of(episodes, saved[name]) for name in SPLITS}
+
+
+def setting_name(alpha: float, cql_on: str) -> str:
+    return "alpha=0" if alpha == 0 else f"alpha={alpha:g},cql_on={cql_on}"
+
+
+def conservatism(config, profile: LogsProfile) -> dict[str, dict]:
+    """{setting name: loss overrides}: the config's own first, then every distinct setting of the grid. CQL on
+    draws where the logs hold none is no CQL, so that setting is alpha = 0."""
+    def effective(alpha: float, cql_on: str) -> tuple[float, str]:
+        if alpha == 0 or (cql_on == "stochastic" and profile.stochastic_share == 0):
+            return 0.0, "all"
+        return alpha, cql_on
+
+    own = (float(config.loss.alpha), str(config.loss.cql_on))
+    out: dict[tuple, dict] = {}
+    for alpha, cql_on in [own, *itertools.product(config.deploy.alphas, config.deploy.cql_on)]:
+        key = effective(float(alpha), cql_on)
+        out.setdefault(key, {"loss.alpha": float(alpha), "loss.cql_on": cql_on})
+    return {setting_name(*key): overrides for key, overrides in out.items()}
+
+
+def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Callable | None = None) -> dict:
+    """Trains the runs, chooses what to deploy on validation and judges it on test (module docstring). Returns
+    {"profile", "deploy" (the chosen candidate; None when nothing could be validated), "verdict" (None without test
+    tasks), "verdict_text"}. `env`: the environment of the online stage and of exact rollouts (default: RouteSim for
+    a config with `sim`)."""
+    workdir, started = Path(workdir), time.perf_counter()
+
+    def log(message: str) -> None:
+        logging.info("%s (%.0fs elapsed)", message, time.perf_counter() - started)
+
+    check_config(config)
+    env = env if env is not None else (train.environment(config) if "sim" in config else None)
+    prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+    splits = logged_splits(config, workdir)
+    profile = profile_logs(splits["train"], prepared.pool)
+    atomic_write_text(workdir / PROFILE_FILE, json.dumps(profile.to_json(), indent=1) + "\n")
+    for line in profile.lines():
+        logging.info("logs: %s", line)
+    validated = config.deploy.enabled and (env is not None or bool(splits["validation"]))
+    settings = conservatism(config, profile) if validated else {}
+    runs = {name: "." if i == 0 else f"candidates/{name}" for i, name in enumerate(settings)} or {"": "."}
+    cache = config.data.embedding_cache or str(workdir / "embeddings")
+    configs = [config] + [with_overrides(config, {**overrides, "data.embedding_cache": cache})
+                          for overrides in list(settings.values())[1:]]
+    log(f"training {len(configs)} run(s): {', '.join(settings) or 'the config as given'}")
+    hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
+    train.train_group(configs, [workdir / d for d in runs.values()], hook, env, [prepared] * len(configs))
+    result = {"profile": profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
+    if not validated:
+        log("no held-out validation tasks (config.data.holdout.validation = 0): nothing was validated; "
+            "Router.from_checkpoint loads the last stage as trained, unchecked against the best fixed model")
+        return result
+    if jax.process_index() != 0:  # one host chooses and writes
+        return result
+    result.update(choose_and_judge(config, workdir, runs, prepared, splits, profile, env, log))
+    return result
+
+
+def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: PreparedData,
+                     splits: dict[str, list[Episode]], profile: LogsProfile, env: Env | None,
+                     log: Callable[[str], None]) -> dict:
+    pool, dc = prepared.pool, config.deploy
+    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), prepared.c_ref
+    commit = env is None and profile.ab_logs
+    floor = deploy.fixed_floor(splits["train"], pool, lam, gamma, c_ref)
+    replay = prepared.replay
+    first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
+    rows = replay.state[first] if commit else replay.state                                          # (S,)
+    scorer = deploy.Scorer(workdir, pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
+    stages = train.stages_of(config)
+    candidates = deploy.candidates(runs, stages, dc.shrinkage)
+    log(f"choosing among {len(candidates)} candidates on the validation tasks"
+        f"{' (committed routing: A/B logs)' if commit else ''}")
+    store = EmbeddingStore(prepared.encoder, config.data.embedding_cache or workdir / "embeddings")
+    if env is not None:
+        policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
+        estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, lam, gamma,
+                                                c_ref, dc.resamples)
+    else:
+        held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
+        estimates = deploy.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
+                                         dc.seed)
+    chosen = candidates[deploy.choose(estimates, dc.require_gain)]
+    table = deploy.candidate_rows(estimates)
+    spec = chosen.spec(scorer.recentring(chosen), pool.names, commit)
+    fixed_model = pool.names[int(np.argmax(floor))]
+    deploy.write_deployment(workdir, spec, estimates, table, {
+        "lambda": lam, "gamma": gamma, "c_ref": c_ref, "best_fixed_model": fixed_model,
+        "require_gain": bool(dc.require_gain), "runs": runs})
+    atomic_write_text(workdir / deploy.SELECTION_FILE, deploy.selection_table(
+        table, estimates, chosen.name, f"What {workdir} deploys: {chosen.name}"))
+    log(f"deployed: {chosen.name} (validation J {estimates.point[estimates.index(chosen.name), 0]:.4f}; best fixed "
+        f"model {fixed_model}: {estimates.point[estimates.index(deploy.BEST_FIXED), 0]:.4f}); "
+        f"{workdir / deploy.SELECTION_FILE}")
+    judged = judge(config, workdir, chosen, scorer, splits, env, store, fixed_model, floor, log)
+    return {"deploy": spec, **judged}
+
+
+def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer, splits: dict, env: Env | None,
+          store: EmbeddingStore, fixed_model: str, floor: np.ndarray, log: Callable[[str], None]) -> dict:
+    """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
+    pool, dc = scorer.pool, config.deploy
+    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), scorer.deployable(chosen).c_ref
+    names = list(dict.fromkeys([chosen.name, deploy.BEST_FIXED, deploy.RANDOM]))
+    if env is not None:
+        policies = {chosen.name: RouterPolicy(scorer.deployable(chosen), name=chosen.name),
+                    deploy.BEST_FIXED: BestFixedRouter(dict(zip(pool.names, floor.tolist()))),
+                    deploy.RANDOM: RandomPolicy()}
+        estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, "test", dc.rollouts,
+                                                     dc.seed + 1, lam, gamma, c_ref, dc.resamples)
+        episodes = rolled[0]
+        chosen_models = np.array([pool.index(t.model) for e in episodes for t in e.turns])
+        is_first = np.array([i == 0 for e in episodes for i in range(len(e.turns))])
+        previous = np.array([pool.index(e.turns[i - 1].model) if i else -1
+                             for e in episodes for i in range(len(e.turns))])
+    elif splits["test"]:
+        held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
+        picks = deploy.choices(scorer.scores(chosen, held.h), held, scorer.commit)
+        fixed = deploy.choices(np.broadcast_to(floor, (len(held.h), len(pool))), held, scorer.commit)
+        targets = {chosen.name: deploy.one_hot(picks, len(pool)), deploy.BEST_FIXED: deploy.one_hot(fixed, len(pool)),
+                   deploy.RANDOM: deploy.uniform(held)}
+        estimates = deploy.log_estimates(held, {n: targets[n] for n in names}, scorer.commit, dc.resamples,
+                                         dc.seed + 1)
+        is_first = held.previous < 0
+        if scorer.commit:  # a committed router keeps its first choice for the whole episode
+            picks = picks[held.logs.first[ope.episode_of_rows(held.logs)]]
+        # (the switch rate compares each choice with the router's own at the episode's previous logged state)
+        chosen_models, previous = picks, np.where(is_first, -1, np.roll(picks, 1))
+    else:
+        log("no held-out test tasks (config.data.holdout.test = 0): no verdict")
+        return {"verdict": None, "verdict_text": ""}
+    routing = routing_of(pool.names, chosen_models, is_first, previous)
+    result = verdict(estimates, chosen.name, routing, fixed_model, identical_fixed(pool.names, chosen_models),
+                     {"lambda": lam, "gamma": gamma, "c_ref": c_ref, "split": "test"})
+    text = write_verdict(workdir, result)
+    log(f"verdict written to {workdir / 'verdict.md'}")
+    return {"verdict": result, "verdict_text": text}
