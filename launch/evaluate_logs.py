@@ -2,8 +2,9 @@ r"""Off-policy evaluation: a trained router's value on held-out logs (IS, WIS, F
 
   python -m launch.evaluate_logs --workdir=W --episodes=HELDOUT.jsonl --cards=CARDS.json [--stage=td]
 
-W is a trained router's workdir; the router, the baselines its training logs fit, every fixed model and the random
-router are estimated on the held-out episodes; writes W/ope.{md,json} (or --out). The estimators and what each needs
+W is a trained router's workdir; the router (its deployed choice, or --stage), the baselines its training logs fit,
+every fixed model and the random router are estimated on the held-out episodes; writes W/ope.{md,json} and the
+router's verdict against the best fixed model and random, W/verdict.{md,json} (or into --out). The estimators and what each needs
 are in rivet_jax/ope.py.
 
   python -m launch.evaluate_logs --validate_routesim --config=configs/routesim.py --workdir=W
@@ -19,6 +20,7 @@ from ml_collections import config_flags
 
 from launch.common import run_app, run_reporting_user_errors
 from rivet_jax.experiments import offpolicy, ope_validation
+from rivet_jax.verdict import VERDICT_MD
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config (--validate_routesim).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A trained router's workdir (with --validate_routesim: RouteSim's).")
@@ -52,7 +54,10 @@ def main(argv):
     run_reporting_user_errors(lambda: offpolicy.evaluate_logs(
         _WORKDIR.value, _EPISODES.value, _CARDS.value, stage=_STAGE.value, baselines=_BASELINES.value,
         resamples=_RESAMPLES.value, seed=_SEED.value, ridge=_RIDGE.value, out=_OUT.value, split=_SPLIT.value))
-    print((Path(_OUT.value or _WORKDIR.value) / "ope.md").read_text(encoding="utf-8"))
+    out = Path(_OUT.value or _WORKDIR.value)
+    print((out / "ope.md").read_text(encoding="utf-8"))
+    if (out / VERDICT_MD).exists():
+        print((out / VERDICT_MD).read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

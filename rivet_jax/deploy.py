@@ -40,7 +40,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rivet_jax import evaluation, ope
-from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
@@ -51,7 +51,6 @@ from rivet_jax.router import DEPLOY_FILE, Recentring, Router, keep_previous
 SELECTION_FILE = "selection.md"
 CHANNELS = ope.CHANNELS          # return J (Eq. 2, discounted), success, dollar cost per episode
 J, SUCCESS, COST = range(3)
-BEST_FIXED = "best fixed (train)"
 RANDOM = "random"
 
 
@@ -218,15 +217,21 @@ def committed_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], tasks:
 
 
 def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: int, seed: int) -> Estimates:
-    result = ope.evaluate(held.logs, dict(targets), held.features, resamples=resamples, seed=seed, keep_draws=True)
-    p_index = {name: p for p, name in enumerate(targets)}
-    point = np.zeros((len(targets), 3))
+    """FQE of every target; targets that choose alike at every state (candidates often do) are fitted once."""
+    first: dict[bytes, np.ndarray] = {}
+    for target in targets.values():
+        first.setdefault(target.tobytes(), target)
+    index = {key: i for i, key in enumerate(first)}
+    which = [index[target.tobytes()] for target in targets.values()]                               # (P,)
+    unique = {str(i): target for i, target in enumerate(first.values())}
+    result = ope.evaluate(held.logs, unique, held.features, resamples=resamples, seed=seed, keep_draws=True)
+    point = np.zeros((len(unique), 3))
     for row in result["rows"]:
         if row["estimator"] == "FQE":
-            point[p_index[row["policy"]]] = [row[c] for c in CHANNELS]
-    return Estimates(list(targets), point, result["draws"]["FQE"], "FQE", result["tasks"],
+            point[int(row["policy"])] = [row[c] for c in CHANNELS]
+    return Estimates(list(targets), point[which], result["draws"]["FQE"][:, which], "FQE", result["tasks"],
                      f"fitted-Q evaluation on {result['episodes']} held-out episodes of {result['tasks']} tasks "
-                     f"(ridge {result['ridge']:g})")
+                     f"(ridge {result['ridge']:g}; {len(unique)} distinct policies among {len(targets)})")
 
 
 def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, rollouts: int, seed: int, lam: float,

@@ -57,9 +57,11 @@ Evaluate on held-out logs.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Mapping, Sequence
 
 import numpy as np
+from absl import logging
 
 from rivet_jax.data.replay import availability, turn_rewards
 from rivet_jax.data.schema import Episode, ModelPool
@@ -387,8 +389,12 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     ridge = chosen.get("ridge", ridge)
     ones = np.ones(len(logs.episodes))
     point = estimates(logs, stacked, weights, support.episodes, features, ones, ridge, iterations)
-    boot = [estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations)
-            for counts in bootstrap_counts(task_clusters(logs), resamples, seed)]
+    boot, started = [], time.perf_counter()
+    for b, counts in enumerate(bootstrap_counts(task_clusters(logs), resamples, seed)):
+        boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations))
+        if time.perf_counter() - started > 20 and (b + 1) % max(1, resamples // 10) == 0:
+            logging.info("OPE bootstrap: %d/%d resamples of %d policies (%.0fs)", b + 1, resamples, len(names),
+                         time.perf_counter() - started)
     tail = 100 * (1 - level) / 2
     rows = []
     for p, (name, stats) in enumerate(zip(names, support_stats(weights))):

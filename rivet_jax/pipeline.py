@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 import jax
+import ml_collections
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, ope, train
-from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax import deploy, train
 from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
 from rivet_jax.data.files import atomic_write_text
@@ -32,10 +32,10 @@ from rivet_jax.data.profile import LogsProfile, profile_logs
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
 from rivet_jax.encoders import EmbeddingStore
-from rivet_jax.envs.base import Env, RandomPolicy, RouterPolicy
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.envs.base import Env, RouterPolicy
 from rivet_jax.stage_run import stored_c_ref
-from rivet_jax.verdict import identical_fixed, routing_of, verdict, write_verdict
+from rivet_jax.workdir_lock import hold_workdir
+from rivet_jax.verdict import VERDICT_MD, judge_by_rollouts, judge_on_logs, write_verdict
 
 PROFILE_FILE = "logs_profile.json"
 
@@ -51,6 +51,13 @@ def logged_splits(config, workdir: Path) -> dict[str, list[Episode]]:
         return {"train": episodes, "validation": [], "test": []}
     saved = json.loads(manifest.read_text(encoding="utf-8"))
     return {name: episodes_of(episodes, saved[name]) for name in SPLITS}
+
+
+def overridden(config, overrides: dict) -> ml_collections.ConfigDict:
+    """A copy of `config` (the launcher's is locked) with dotted keys set."""
+    copy = ml_collections.ConfigDict(config.to_dict())
+    copy.update_from_flattened_dict(overrides)
+    return copy
 
 
 def setting_name(alpha: float, cql_on: str) -> str:
@@ -85,6 +92,11 @@ def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Calla
 
     check_config(config)
     env = env if env is not None else (train.environment(config) if "sim" in config else None)
+    with hold_workdir(workdir):  # the candidates' runs live under it
+        return _fit(config, workdir, env, on_epoch_end, log)
+
+
+def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, log: Callable[[str], None]) -> dict:
     prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     splits = logged_splits(config, workdir)
     profile = profile_logs(splits["train"], prepared.pool)
@@ -95,11 +107,12 @@ def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Calla
     settings = conservatism(config, profile) if validated else {}
     runs = {name: "." if i == 0 else f"candidates/{name}" for i, name in enumerate(settings)} or {"": "."}
     cache = config.data.embedding_cache or str(workdir / "embeddings")
-    configs = [config] + [with_overrides(config, {**overrides, "data.embedding_cache": cache})
+    configs = [config] + [overridden(config, {**overrides, "data.embedding_cache": cache})
                           for overrides in list(settings.values())[1:]]
     log(f"training {len(configs)} run(s): {', '.join(settings) or 'the config as given'}")
     hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
-    train.train_group(configs, [workdir / d for d in runs.values()], hook, env, [prepared] * len(configs))
+    train.train_group(configs, [workdir / d for d in runs.values()], hook, env, [prepared] * len(configs),
+                      held=True)
     result = {"profile": profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
     if not validated:
         log("no held-out validation tasks (config.data.holdout.validation = 0): nothing was validated; "
@@ -147,46 +160,25 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     log(f"deployed: {chosen.name} (validation J {estimates.point[estimates.index(chosen.name), 0]:.4f}; best fixed "
         f"model {fixed_model}: {estimates.point[estimates.index(deploy.BEST_FIXED), 0]:.4f}); "
         f"{workdir / deploy.SELECTION_FILE}")
-    judged = judge(config, workdir, chosen, scorer, splits, env, store, fixed_model, floor, log)
+    judged = judge(config, workdir, chosen, scorer, splits, env, store, floor, log)
     return {"deploy": spec, **judged}
 
 
 def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer, splits: dict, env: Env | None,
-          store: EmbeddingStore, fixed_model: str, floor: np.ndarray, log: Callable[[str], None]) -> dict:
+          store: EmbeddingStore, floor: np.ndarray, log: Callable[[str], None]) -> dict:
     """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
     pool, dc = scorer.pool, config.deploy
     lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), scorer.deployable(chosen).c_ref
-    names = list(dict.fromkeys([chosen.name, deploy.BEST_FIXED, deploy.RANDOM]))
     if env is not None:
-        policies = {chosen.name: RouterPolicy(scorer.deployable(chosen), name=chosen.name),
-                    deploy.BEST_FIXED: BestFixedRouter(dict(zip(pool.names, floor.tolist()))),
-                    deploy.RANDOM: RandomPolicy()}
-        estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, "test", dc.rollouts,
-                                                     dc.seed + 1, lam, gamma, c_ref, dc.resamples)
-        episodes = rolled[0]
-        chosen_models = np.array([pool.index(t.model) for e in episodes for t in e.turns])
-        is_first = np.array([i == 0 for e in episodes for i in range(len(e.turns))])
-        previous = np.array([pool.index(e.turns[i - 1].model) if i else -1
-                             for e in episodes for i in range(len(e.turns))])
+        result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
+                                   floor, dc.rollouts, dc.seed + 1, lam, gamma, c_ref, dc.resamples)
     elif splits["test"]:
         held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
-        picks = deploy.choices(scorer.scores(chosen, held.h), held, scorer.commit)
-        fixed = deploy.choices(np.broadcast_to(floor, (len(held.h), len(pool))), held, scorer.commit)
-        targets = {chosen.name: deploy.one_hot(picks, len(pool)), deploy.BEST_FIXED: deploy.one_hot(fixed, len(pool)),
-                   deploy.RANDOM: deploy.uniform(held)}
-        estimates = deploy.log_estimates(held, {n: targets[n] for n in names}, scorer.commit, dc.resamples,
-                                         dc.seed + 1)
-        is_first = held.previous < 0
-        if scorer.commit:  # a committed router keeps its first choice for the whole episode
-            picks = picks[held.logs.first[ope.episode_of_rows(held.logs)]]
-        # (the switch rate compares each choice with the router's own at the episode's previous logged state)
-        chosen_models, previous = picks, np.where(is_first, -1, np.roll(picks, 1))
+        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h), held, pool, floor, scorer.commit,
+                               dc.resamples, dc.seed + 1, lam, gamma, c_ref)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")
         return {"verdict": None, "verdict_text": ""}
-    routing = routing_of(pool.names, chosen_models, is_first, previous)
-    result = verdict(estimates, chosen.name, routing, fixed_model, identical_fixed(pool.names, chosen_models),
-                     {"lambda": lam, "gamma": gamma, "c_ref": c_ref, "split": "test"})
     text = write_verdict(workdir, result)
-    log(f"verdict written to {workdir / 'verdict.md'}")
+    log(f"verdict written to {workdir / VERDICT_MD}")
     return {"verdict": result, "verdict_text": text}

@@ -12,6 +12,7 @@ for the whole job (`workdir_lock`): a second job on any of them is refused at on
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -59,21 +60,23 @@ def prepare_all(configs: Sequence, workdirs: Sequence[Path]) -> list[PreparedDat
 
 
 def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end: Callable | None = None,
-                env: Env | None = None, prepared: Sequence[PreparedData] | None = None) -> list[TrainState | None]:
+                env: Env | None = None, prepared: Sequence[PreparedData] | None = None,
+                held: bool = False) -> list[TrainState | None]:
     """Trains (or resumes) run i = (configs[i], workdirs[i]) through the stages of its `config.stage`, the runs of
     each stage in groups of one shape, and returns each run's state after its last stage (online: the best one; a
     stage that had finished before this call: None for that run; `train` restores it).
 
     `on_epoch_end(stage, epoch, records)` follows every offline group epoch (records: one per run of the group; the
     online stage logs a line per validation round). `env`: the environment of the online stage (default
-    `environment(config)`); `prepared`: each run's corpus, if already read (default `prepare_all`).
+    `environment(config)`); `prepared`: each run's corpus, if already read (default `prepare_all`); `held`: the
+    caller already holds every workdir (`workdir_lock`; pipeline.fit holds them from reading the logs to the verdict).
     """
     for config in configs:
         check_config(config)
     workdirs = [Path(w) for w in workdirs]
     stages = [stages_of(config) for config in configs]
     final: list[TrainState | None] = [None] * len(configs)
-    with hold_workdirs(workdirs):
+    with contextlib.nullcontext() if held else hold_workdirs(workdirs):
         prepared = list(prepared) if prepared is not None else prepare_all(configs, workdirs)
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]

@@ -68,11 +68,14 @@ def routesim_calibration(tmp_path_factory) -> Path:
                              f"--workdir={workdir}", "--budget_usd_per_episode=0.004"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    (workdir / "stdout.txt").write_text(result.stdout)
     return workdir
 
 
 @pytest.mark.slow
 def test_tiny_routesim_calibration(routesim_calibration):
+    from rivet_jax.router import Router
+
     tmp_path = routesim_calibration
     out = json.loads((tmp_path / "calibration.json").read_text())
     rows = out["rows"]
@@ -86,6 +89,16 @@ def test_tiny_routesim_calibration(routesim_calibration):
     assert out["chosen"]["within_budget"] == within and out["router_stage"] == kept[index]["stage"]
     assert {"success", "cost"} <= set(out["test"])  # the chosen router rolled out on the test tasks
     assert (tmp_path / "calibration.png").exists() and "Chosen: lambda" in (tmp_path / "calibration.md").read_text()
+    # the fixed models are the reference points, and feasibility is decided on the unrounded upper bound
+    assert [r["model"] for r in out["fixed"]] == list(Router.from_checkpoint(out["router_dir"]).pool.names)
+    assert out["chosen"]["margin_usd"] == pytest.approx(0.004 - out["chosen"]["cost_hi"])
+    assert (out["chosen"]["margin_usd"] >= 0) == out["chosen"]["within_budget"]
+    # the verdict of the choice is printed and written; Router.from_checkpoint(W) loads the chosen router
+    assert "# Verdict" in (tmp_path / "stdout.txt").read_text() and (tmp_path / "verdict.md").exists()
+    assert out["verdict"]["deployed"] == "RIVET (ours)" and set(out["verdict"]["paired"]) == {"Best fixed (train)",
+                                                                                              "random"}
+    chosen = Router.from_checkpoint(tmp_path)
+    assert chosen.config.reward.lam == out["chosen"]["lambda"] and chosen.recentring is None
 
 
 @pytest.mark.slow
@@ -97,7 +110,8 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
                              f"--workdir={tmp_path / 'w'}", "--budget_usd_per_episode=0.004",
                              f"--config.data.episodes={tmp_path / 'logs' / 'episodes.jsonl'}",
                              f"--config.data.cards={tmp_path / 'logs' / 'model_cards.json'}",
-                             "--config.data.holdout.validation=0.3", "--config.calibrate.resamples=50"],
+                             "--config.data.holdout.validation=0.3", "--config.data.holdout.test=0.2",
+                             "--config.calibrate.resamples=50"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "w" / "calibration.json").read_text())
@@ -106,6 +120,9 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
     kept = [r for r in out["rows"] if r["kept"]]
     index, within = choose(kept, 0.004)
     assert out["chosen"]["lambda"] == kept[index]["lambda"] and "test" not in out
+    # J is discounted at each router's own lambda, with an interval; the fixed models are estimated alike
+    assert all(r["return_lo"] <= r["return"] <= r["return_hi"] for r in out["rows"] + out["fixed"])
+    assert len(out["fixed"]) == 6 and out["verdict"]["estimator"] == "FQE" and "# Verdict" in result.stdout
     splits = json.loads((tmp_path / "w" / "runs" / "lambda0" / "seed_42" / "splits.json").read_text())
     assert splits["validation"] and not set(splits["validation"]) & set(splits["train"])
 

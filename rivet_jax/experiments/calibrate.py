@@ -19,6 +19,7 @@ that measured cost is reported next to the budget: the check of the choice, not 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -28,17 +29,19 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
-from rivet_jax import evaluation, ope, train
+from rivet_jax import deploy, evaluation, ope, train
 from rivet_jax.config_checks import ConfigError
+from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, episodes_of
-from rivet_jax.encoders import make_encoder
-from rivet_jax.envs.base import RouterPolicy
+from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import train_variants, with_overrides
+from rivet_jax.experiments.common import MAIN, train_variants, with_overrides
 from rivet_jax.experiments.report import save_figure
-from rivet_jax.router import Router
+from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
 
 
 def bootstrap_mean(per_task: np.ndarray, resamples: int, seed: int, level: float = 0.95) -> tuple[float, float, float]:
@@ -97,48 +100,82 @@ def pareto(rows: Sequence[dict]) -> list[bool]:
 # ------------------------------------------------------------------------------------------- estimates
 
 
-def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str) -> list[dict]:
+def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str) -> tuple[list[dict], list[dict]]:
+    """Every router rolled out on `split`, and every fixed model alike (the reference points), J at the router's
+    own lambda (a fixed model's at the config's)."""
     sim = make_routesim(config.sim)
     cal = config.calibrate
-    policies = [RouterPolicy(router) for router in routers.values()]
+    first = next(iter(routers.values()))
+    policies = [RouterPolicy(router) for router in routers.values()] + [FixedModelPolicy(m) for m in sim.pool.names]
     rolled = evaluation.rollout_each(sim, policies, split, cal.rollouts, cal.seed)
-    return [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, lam,
+    rows = [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, lam,
                                                               router.config.reward.gamma, router.c_ref)}
             for ((lam, stage), router), episodes in zip(routers.items(), rolled)]
+    fixed = [{"model": m, **episode_summary(episodes, cal.resamples, cal.seed, float(config.reward.lam),
+                                            float(config.reward.gamma), first.c_ref)}
+             for m, episodes in zip(sim.pool.names, rolled[len(routers):])]
+    return rows, fixed
 
 
-def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: list[Episode]) -> list[dict]:
-    """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR). J at each
-    router's own lambda is success - lambda x cost / c_ref, undiscounted (one FQE fit serves every lambda; it ranks
-    the checkpoints of one lambda, which is all it is used for)."""
+def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: list[Episode]
+                 ) -> tuple[list[dict], list[dict]]:
+    """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR), of every router
+    and every fixed model. J is Eq. 2's discounted return at each router's own lambda: FQE is linear in the
+    rewards, so two fits with the same resamples, at lambda 0 (J = discounted success) and at lambda 1, give J at
+    any lambda exactly as (1 - lambda) J_0 + lambda J_1, resample by resample."""
     first = next(iter(routers.values()))
-    logs = ope.read_logs(validation, first.pool, first.config.reward.lam, first.config.reward.gamma, first.c_ref)
-    requests = ope.state_requests(logs, first.pool)
-    targets = {f"{lam:g}/{stage}": ope.target_distribution(RouterPolicy(r), requests, first.pool)
-               for (lam, stage), r in routers.items()}
-    features = ope.state_features(logs, make_encoder(config.encoder), config.max_state_tokens)
-    result = ope.evaluate(logs, targets, features, resamples=config.calibrate.resamples, seed=config.calibrate.seed)
-    estimator = "FQE"
-    rows = {r["policy"]: r for r in result["rows"] if r["estimator"] == estimator}
+    gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
+    names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
+    runs = []
+    ridge = None
+    for lam in (0.0, 1.0):
+        logs = ope.read_logs(validation, first.pool, lam, gamma, c_ref)
+        if not runs:
+            requests = ope.state_requests(logs, first.pool)
+            targets = [ope.target_distribution(RouterPolicy(r), requests, first.pool) for r in routers.values()]
+            targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
+            features = ope.state_features(logs, make_encoder(config.encoder), config.max_state_tokens)
+        logging.info("calibrate: fitted-Q evaluation of %d policies at lambda %g (%d resamples)", len(names), lam,
+                     cal.resamples)
+        result = ope.evaluate(logs, dict(zip(names, targets)), features, resamples=cal.resamples, seed=cal.seed,
+                              ridge=ridge, keep_draws=True)
+        ridge = result["ridge"]  # the second fit keeps the first's penalty: the same estimator at both lambdas
+        runs.append(result)
+    point = [{r["policy"]: r for r in result["rows"] if r["estimator"] == "FQE"} for result in runs]
+    draws = [result["draws"]["FQE"][:, :, 0] for result in runs]                                   # (B, P) J_0, J_1
     keys = ("success", "success_lo", "success_hi", "cost", "cost_lo", "cost_hi")
-    out = []
-    for lam, stage in routers:
-        row = rows[f"{lam:g}/{stage}"]
-        out.append({"lambda": lam, "stage": stage, "estimator": estimator, **{k: row[k] for k in keys},
-                    "return": row["success"] - lam * row["cost"] / first.c_ref})
-    return out
+
+    def at(p: int, lam: float) -> dict:
+        name = names[p]
+        j = (1 - lam) * point[0][name]["return"] + lam * point[1][name]["return"]
+        low, high = np.percentile((1 - lam) * draws[0][:, p] + lam * draws[1][:, p], [2.5, 97.5])
+        return {"estimator": "FQE", **{k: point[0][name][k] for k in keys}, "return": float(j),
+                "return_lo": float(low), "return_hi": float(high)}
+
+    rows = [{"lambda": lam, "stage": stage, **at(p, lam)} for p, (lam, stage) in enumerate(routers)]
+    fixed = [{"model": m, **at(len(routers) + i, float(config.reward.lam))} for i, m in enumerate(first.pool.names)]
+    return rows, fixed
 
 
 def _validation_logs(config, run_dirs: Sequence[Path]) -> list[Episode]:
     """The held-out validation episodes of one's own logs (the split every run drew alike)."""
-    manifest = run_dirs[0] / MANIFEST
-    if not manifest.exists():
+    if not (run_dirs[0] / MANIFEST).exists():
         raise ConfigError("calibrating on one's own logs needs held-out validation tasks: set "
                           "--config.data.holdout.validation (e.g. 0.1)")
+    return _split_logs(config, run_dirs[0], "validation")
+
+
+def _split_logs(run_config, run_dir: Path, split: str) -> list[Episode]:
+    """The episodes of `split`'s tasks in a run's task split (without one, every episode is a training one), from
+    the logs the run trained on (`run_config`, its own config: RouteSim's collected corpus there)."""
+    config = run_config
     pool = read_model_cards(config.data.cards)
     episodes = read_episodes(config.data.episodes, pool, skip_invalid=config.data.skip_invalid,
                              max_skipped_fraction=config.data.max_skipped_fraction).episodes
-    return episodes_of(episodes, json.loads(manifest.read_text(encoding="utf-8"))["validation"])
+    manifest = run_dir / MANIFEST
+    if not manifest.exists():
+        return episodes if split == "train" else []
+    return episodes_of(episodes, json.loads(manifest.read_text(encoding="utf-8"))[split])
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -164,51 +201,102 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
     if simulated:
-        rows = _routesim_rows(config, routers, config.calibrate.split)
+        rows, fixed = _routesim_rows(config, routers, config.calibrate.split)
     else:
-        rows = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]))
+        rows, fixed = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]))
     for row, kept in zip(rows, best_checkpoints(rows)):
         row["kept"] = kept
     kept_rows = [r for r in rows if r["kept"]]
     index, within = choose(kept_rows, budget)
     for row, front in zip(kept_rows, pareto(kept_rows)):
         row["pareto"] = front
-    chosen = {**kept_rows[index], "within_budget": within}
-    result = {"budget_usd_per_episode": budget, "chosen": chosen, "rows": rows, "simulated": simulated,
-              "router_dir": str(dirs[f"lambda={chosen['lambda']:g}"][0]), "router_stage": chosen["stage"]}
+    chosen = {**kept_rows[index], "within_budget": within, "margin_usd": budget - kept_rows[index]["cost_hi"]}
+    router_dir = dirs[f"lambda={chosen['lambda']:g}"][0]
+    result = {"budget_usd_per_episode": budget, "chosen": chosen, "rows": rows, "fixed": fixed,
+              "fixed_lambda": float(config.reward.lam),
+              "simulated": simulated, "router_dir": str(router_dir), "router_stage": chosen["stage"]}
+    key = (chosen["lambda"], chosen["stage"])
+    logging.info("calibrate: chose lambda %g, stage %s; judging it on the test tasks (%.0fs elapsed)", *key,
+                 time.perf_counter() - started)
     if simulated:  # the check, after the choice: the chosen router's cost on the test tasks, rolled out
-        key = (chosen["lambda"], chosen["stage"])
-        result["test"] = _routesim_rows(config, {key: routers[key]}, "test")[0]
+        result["test"] = _routesim_rows(config, {key: routers[key]}, "test")[0][0]
+    result["verdict"] = _verdict(config, routers[key], router_dir, workdir, simulated)
     result["seconds"] = time.perf_counter() - started
+    write_deployment(workdir, router_dir, chosen)
     write_report(workdir, result)
     return result
 
 
+def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated: bool) -> dict | None:
+    """The chosen router against the best fixed model (of its training logs) and random on the test tasks; written
+    to verdict.{md,json} in `workdir`. None on one's own logs without held-out test tasks."""
+    lam, gamma, cal = float(router.config.reward.lam), float(router.config.reward.gamma), config.calibrate
+    training = _split_logs(router.config, router_dir, "train")
+    floor = deploy.fixed_floor(training, router.pool, lam, gamma, router.c_ref)
+    if simulated:
+        result = judge_by_rollouts(make_routesim(config.sim), MAIN, RouterPolicy(router), router.pool, floor,
+                                   cal.rollouts, cal.seed + 1, lam, gamma, router.c_ref, cal.resamples)
+    else:
+        test = _split_logs(router.config, router_dir, "test")
+        if not test:
+            logging.info("calibrate: no held-out test tasks (config.data.holdout.test = 0): no verdict")
+            return None
+        store = EmbeddingStore(router.encoder, workdir / "embeddings")
+        held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, lam, gamma, router.c_ref)
+        result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
+                               cal.resamples, cal.seed + 1, lam, gamma, router.c_ref)
+    write_verdict(workdir, result)
+    return result
+
+
+def write_deployment(workdir: Path, router_dir: Path, chosen: dict) -> None:
+    """deploy.json: `Router.from_checkpoint(workdir)` loads the chosen lambda's run at the chosen stage."""
+    spec = {"name": f"lambda={chosen['lambda']:g} {chosen['stage']}", "runs": [os.path.relpath(router_dir, workdir)],
+            "stage": chosen["stage"], "commit": False, "recentring": None}
+    atomic_write_text(workdir / DEPLOY_FILE, json.dumps({"deploy": spec, "source": "launch.calibrate",
+                                                         "chosen": chosen}, indent=1) + "\n")
+
+
 def write_report(workdir: Path, result: dict) -> None:
     budget, chosen = result["budget_usd_per_episode"], result["chosen"]
+
+    def margin(row: dict) -> str:
+        return f"{budget - row['cost_hi']:+.3g}"
+
     how = ("rolled out in RouteSim on its validation tasks" if result["simulated"]
            else f"estimated off-policy ({result['rows'][0].get('estimator', '')}) on the held-out validation logs")
     lines = [f"# Calibration: budget ${budget:g} per episode", "",
-             f"Success, cost and return J per episode of each stage's router at each lambda, {how}, with 95% "
-             f"intervals. Each lambda keeps the stage with the best validation J; a kept router is feasible when its "
-             f"cost interval's upper end is within the budget.", "",
-             "| lambda | stage | J | success | 95% | cost $/episode | 95% | kept | feasible | Pareto |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"Success, cost and J (Eq. 2's discounted return at the router's lambda) per episode of each stage's "
+             f"router at each lambda, {how}, with 95% intervals. Each lambda keeps the stage with the best "
+             f"validation J; a kept router is feasible when its cost interval's upper end is within the budget "
+             f"(decided on the unrounded numbers: the margin is the budget minus that upper end).", "",
+             "| lambda | stage | J | success | 95% | cost $/episode | 95% | kept | feasible | margin $ | Pareto |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         mark = "**" if (r["lambda"], r["stage"]) == (chosen["lambda"], chosen["stage"]) else ""
-        lines.append(f"| {mark}{r['lambda']:g}{mark} | {r['stage']} | {r['return']:.3f} | {r['success']:.3f} | "
-                     f"{r['success_lo']:.3f}-{r['success_hi']:.3f} | {r['cost']:.4f} | {r['cost_lo']:.4f}-"
-                     f"{r['cost_hi']:.4f} | {'yes' if r['kept'] else ''} | "
+        lines.append(f"| {mark}{r['lambda']:g}{mark} | {r['stage']} | {r['return']:.4f} | {r['success']:.3f} | "
+                     f"{r['success_lo']:.3f}-{r['success_hi']:.3f} | {r['cost']:.6g} | {r['cost_lo']:.6g}-"
+                     f"{r['cost_hi']:.6g} | {'yes' if r['kept'] else ''} | "
                      f"{('yes' if r['cost_hi'] <= budget else 'no') if r['kept'] else ''} | "
+                     f"{margin(r) if r['kept'] else ''} | "
                      f"{'yes' if r.get('pareto') else ''} |")
+    lines += ["", f"The fixed models, the reference points ({how}; J at lambda {result['fixed_lambda']:g}):", "",
+              "| model | J | success | 95% | cost $/episode | 95% | within the budget |", "|---|---|---|---|---|---|---|"]
+    for r in result["fixed"]:
+        lines.append(f"| {r['model']} | {r['return']:.4f} | {r['success']:.3f} | {r['success_lo']:.3f}-"
+                     f"{r['success_hi']:.3f} | {r['cost']:.6g} | {r['cost_lo']:.6g}-{r['cost_hi']:.6g} | "
+                     f"{'yes' if r['cost_hi'] <= budget else 'no'} |")
     verdict = "within the budget" if chosen["within_budget"] else "NOT within the budget: no lambda is; the cheapest"
-    lines += ["", f"Chosen: lambda {chosen['lambda']:g}, stage {chosen['stage']} ({verdict}), router "
-                  f"`{result['router_dir']}` (`Router.from_checkpoint(dir, stage='{chosen['stage']}')`)."]
+    lines += ["", f"Chosen: lambda {chosen['lambda']:g}, stage {chosen['stage']} ({verdict}; cost upper bound "
+                  f"{chosen['cost_hi']:.6g}, margin {chosen['margin_usd']:+.3g} $), router `{result['router_dir']}`; "
+                  f"`Router.from_checkpoint(\"{workdir}\")` loads it (deploy.json)."]
     if "test" in result:
         test = result["test"]
         lines.append(f"On the test tasks (rolled out after the choice): success {test['success']:.3f}, cost "
                      f"${test['cost']:.4f} per episode ({test['cost_lo']:.4f}-{test['cost_hi']:.4f}), "
                      f"{'within' if test['cost'] <= budget else 'over'} the budget.")
+    if result.get("verdict"):
+        lines += ["", format_verdict(result["verdict"])]
     (workdir / "calibration.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (workdir / "calibration.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, workdir / "calibration.png")
@@ -231,6 +319,13 @@ def plot(result: dict, path: Path) -> None:
     ax.axvline(budget, linestyle="--", color="grey", label=f"budget ${budget:g}")
     chosen = result["chosen"]
     ax.scatter([chosen["cost"]], [chosen["success"]], s=120, facecolors="none", edgecolors="red", label="chosen")
+    fixed = result.get("fixed", [])
+    if fixed:
+        ax.scatter([r["cost"] for r in fixed], [r["success"] for r in fixed], marker="s", color="grey",
+                   label="fixed models")
+        for r in fixed:
+            ax.annotate(r["model"], (r["cost"], r["success"]), fontsize=6, color="grey", xytext=(4, -8),
+                        textcoords="offset points")
     ax.set_xlabel("cost per episode ($)")
     ax.set_ylabel("success per episode")
     ax.legend(loc="lower right", fontsize=8)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from rivet_jax import ope
+from rivet_jax import deploy, ope
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.corpus import NoCorpusError, corpus_paths, training_episodes
@@ -25,6 +25,7 @@ from rivet_jax.envs.base import FixedModelPolicy, Policy, RandomPolicy, RouterPo
 from rivet_jax.experiments.common import MAIN
 from rivet_jax.experiments.routesim import fit_baselines
 from rivet_jax.router import Router
+from rivet_jax.verdict import judge_on_logs, write_verdict
 
 RANDOM = "random"
 
@@ -109,6 +110,28 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     result.update({"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
                    "gamma": config.reward.gamma, "c_ref": router.c_ref, "seconds": time.perf_counter() - started})
     write_result(Path(out or workdir), "ope", result, estimates_table(result))
+    if BEST_FIXED in policies:
+        result["verdict"] = router_verdict(router, workdir, episodes, policies[BEST_FIXED], resamples, seed,
+                                           f"held-out {split}" if split else "given held-out", Path(out or workdir))
+    else:
+        logging.warning("no verdict: the best fixed model of the router's training logs is unknown (its logs are "
+                        "not where its config says)")
+    return result
+
+
+def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_fixed: BestFixedRouter,
+                   resamples: int, seed: int, split: str, out: Path) -> dict:
+    """`verdict.judge_on_logs` of the router (recentred and committed as deployed) on the held-out episodes;
+    written to <out>/verdict.{md,json}."""
+    config = router.config
+    lam, gamma = float(config.reward.lam), float(config.reward.gamma)
+    lowest = min(best_fixed.returns.values())
+    floor = np.array([best_fixed.returns.get(m, lowest) for m in router.pool.names])
+    store = EmbeddingStore(router.encoder, config.data.embedding_cache or workdir / "embeddings")
+    held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, lam, gamma, router.c_ref)
+    result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
+                           resamples, seed, lam, gamma, router.c_ref, split)
+    write_verdict(out, result)
     return result
 
 
@@ -130,8 +153,9 @@ def thin(row: dict) -> str:
 
 def estimates_table(result: dict) -> str:
     """The markdown report: what the IS family could use, FQE's penalty, then one row per policy and estimator."""
-    lines = [f"Off-policy estimates on {result['episodes']} held-out episodes; 95% percentile-bootstrap intervals "
-             f"over episodes ({result['resamples']} resamples).", "", f"Support: {result['support']}.", "",
+    lines = [f"Off-policy estimates on {result['episodes']} held-out episodes of {result['tasks']} tasks; 95% "
+             f"percentile-bootstrap intervals over tasks ({result['resamples']} resamples).", "",
+             f"Support: {result['support']}.", "",
              f"FQE: per-model ridge regression on the router's state embedding, penalty {result['ridge']:g}"
              f"{' (cross-validated, then / 10)' if 'ridge_errors' in result else ''}.", "",
              "J: expected discounted return (Eqs. 1-2); success: mean outcome; cost: dollars per episode. followed: "

@@ -1,0 +1,170 @@
+"""The validated choice and the verdict (rivet_jax/deploy.py, verdict.py, pipeline.py): never worse than the best
+fixed model on validation, loaded by default, and a verdict whose every warning fires on the case it names."""
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import default
+from rivet_jax import deploy, ope
+from rivet_jax.data.model_pool import write_model_cards
+from rivet_jax.data.profile import profile_logs
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes
+from rivet_jax.experiments.common import with_overrides
+from rivet_jax.pipeline import conservatism, fit
+from rivet_jax.router import Recentring, Router, keep_previous
+from rivet_jax.verdict import Routing, identical_fixed, routing_of, verdict, warnings_of
+
+NAMES = ("ace", "bee", "cat")
+POOL = ModelPool(tuple(ModelCard(name, f"model {name}: a general assistant", context_length=8_000,
+                                 price_in_per_mtok=1.0, price_out_per_mtok=1.0) for name in NAMES))
+
+
+def turn(model, cost=0.01, propensity=None):
+    return Turn(model=model, response=f"{model} says hi", feedback="ok", prompt_tokens=10, completion_tokens=10,
+                cost=cost, propensity=propensity)
+
+
+def ab_episode(task_id, model, outcome, turns=2, family=None):
+    """One A/B episode: `model` answers every turn."""
+    task = Task(task_id, f"Task {task_id}: add the numbers of line {task_id}.", family=family)
+    return Episode(f"{task_id}/{model}", task, tuple(turn(model) for _ in range(turns)), outcome)
+
+
+# ------------------------------------------------------------------------------------------- the small parts
+
+
+def test_recentring_at_k_0_always_calls_the_best_floor_and_at_k_1_keeps_the_differences():
+    floor, centre = np.array([0.2, 0.5, 0.1]), np.array([1.0, 3.0, -1.0])
+    q = np.array([[9.0, 3.0, -1.0], [1.0, 3.5, 4.0]])
+    assert (np.argmax(Recentring(floor, centre, 0.0)(q), axis=1) == 1).all()
+    np.testing.assert_allclose(Recentring(floor, centre, 1.0)(q), [[8.2, 0.5, 0.1], [0.2, 1.0, 5.1]])
+    np.testing.assert_allclose(Recentring(floor, centre, 0.5)(q), [[4.2, 0.5, 0.1], [0.2, 0.75, 2.6]])
+
+
+def test_a_committed_router_keeps_the_previous_model_while_it_is_available():
+    q = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, -np.inf, 3.0]])
+    kept = keep_previous(q, np.array([-1, 0, 1]))   # a first turn; previous ace; previous bee, now unavailable
+    assert np.argmax(kept, axis=1).tolist() == [2, 0, 2]
+    assert kept[1].tolist() == [1.0, -np.inf, -np.inf]
+
+
+def test_the_bootstrap_draws_whole_tasks():
+    counts = ope.bootstrap_counts(np.array(["t1", "t1", "t2", "t3", "t3", "t3"]), resamples=50, seed=0)
+    assert counts.shape == (50, 6)
+    assert (counts[:, 0] == counts[:, 1]).all() and (counts[:, 3] == counts[:, 4]).all()
+    assert (counts[:, [0, 2, 3]].sum(axis=1) == 3).all()  # three tasks drawn per resample
+
+
+def test_the_profile_and_the_conservatism_grid_follow_from_the_logs():
+    ab = [ab_episode(f"t{i}", m, 1) for i in range(4) for m in NAMES]
+    profile = profile_logs(ab, POOL)
+    assert profile.ab_logs and profile.single_model_share == 1.0 and profile.stochastic_share == 0.0
+    assert profile.tasks_per_model == {m: 4 for m in NAMES} and profile.complete_task_share == 1.0
+    config = default.get_config()  # alpha 0.1 on every transition; grid alphas (0, 0.01, 0.1) x (stochastic, all)
+    # no draws in A/B logs: "CQL on draws" is no CQL at all, so only three distinct settings remain
+    assert list(conservatism(config, profile)) == ["alpha=0.1,cql_on=all", "alpha=0", "alpha=0.01,cql_on=all"]
+    mixed = ab[:-1] + [Episode("r", ab[0].task, (turn("ace", propensity=1 / 3), turn("cat", propensity=1 / 3)), 1)]
+    profile = profile_logs(mixed, POOL)
+    assert not profile.ab_logs and profile.stochastic_share == pytest.approx(2 / 24)
+    assert profile.single_model_share == pytest.approx(11 / 12) and profile.complete_task_share == 0.75
+    assert len(conservatism(config, profile)) == 5
+
+
+def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
+    """Two tasks, every model logged once on each: J, success and cost of a router equal the hand-computed means of
+    its first choices' episodes, and the random router's the mean over models."""
+    outcomes = {("t1", "ace"): 1, ("t1", "bee"): 0, ("t1", "cat"): 1, ("t2", "ace"): 0, ("t2", "bee"): 1,
+                ("t2", "cat"): 0}
+    episodes = [ab_episode(t, m, y, turns=1 + (m == "cat")) for (t, m), y in outcomes.items()]
+    lam, gamma, c_ref = 1.0, 0.5, 0.01
+    logs = ope.read_logs(episodes, POOL, lam, gamma, c_ref)
+    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32),
+                          np.array([-1 if t == 0 else logs.action[i - 1] for i, t in enumerate(
+                              np.concatenate([np.arange(len(e.turns)) for e in episodes]))]))
+    first_choice = {"t1": 2, "t2": 1}    # cat on t1 (two turns), bee on t2
+    chosen = np.array([first_choice[e.task.id] for e in episodes for _ in e.turns])
+    targets = {"router": deploy.one_hot(chosen, 3), "random": deploy.uniform(held)}
+    est = deploy.committed_estimates(held, targets, ["t1", "t2"], resamples=20, seed=0)
+    # cat on t1: rewards -1 (a turn's cost is c_ref) then 1 - 1 = 0: J = -1 + 0.5 * 0; bee on t2: 1 - 1 = 0
+    np.testing.assert_allclose(est.point[0], [(-1.0 + 0.0) / 2, (1 + 1) / 2, (0.02 + 0.01) / 2])
+    returns = {(t, m): (-1 + 0.5 * (y - 1)) if m == "cat" else (y - 1) for (t, m), y in outcomes.items()}
+    assert est.point[1, 0] == pytest.approx(np.mean(list(returns.values())))
+    assert est.estimator == "committed" and est.tasks == 2
+
+
+# ----------------------------------------------------------------------------------------------- the verdict
+
+
+def estimates_of(per_task: dict[str, list[float]], tasks: int | None = None) -> deploy.Estimates:
+    """Estimates whose J per task is given (success and cost: 0); bootstrap over the tasks."""
+    values = np.stack([np.stack([np.array(v), np.zeros(len(v)), np.zeros(len(v))], axis=1)
+                       for v in per_task.values()])                                                 # (P, T, C)
+    return deploy.Estimates(list(per_task), values.mean(axis=1), deploy.task_bootstrap(values, 200, 0), "committed",
+                            tasks or values.shape[1])
+
+
+def test_each_warning_fires_on_its_own_case_and_not_otherwise():
+    n = 40
+    good = {"router": [0.8] * n, deploy.BEST_FIXED: [0.5] * n, deploy.RANDOM: [0.3] * n}
+    spread = Routing({"ace": 0.5, "bee": 0.3, "cat": 0.2}, {"ace": 0.5, "bee": 0.3, "cat": 0.2}, 0.1, 100)
+    assert warnings_of(estimates_of(good), "router", spread, None) == []
+    collapsed = Routing({"ace": 0.95, "bee": 0.05, "cat": 0.0}, {"ace": 0.9, "bee": 0.1, "cat": 0.0}, 0.0, 100)
+    (warning,) = warnings_of(estimates_of(good), "router", collapsed, None)
+    assert warning.startswith("collapsed to one model: 95% of first turns go to ace")
+    # better on some tasks, worse on others: the paired interval reaches 0
+    noisy = {**good, "router": [0.9, 0.1] * (n // 2)}
+    (warning,) = warnings_of(estimates_of(noisy), "router", spread, None)
+    assert warning.startswith("not better than the best fixed model: J difference +0.0000")
+    (warning,) = warnings_of(estimates_of(good), "router", spread, "bee")
+    assert warning == "identical to fixed model bee: the same choice at every test state"
+    few = {name: v[:12] for name, v in good.items()}
+    (warning,) = warnings_of(estimates_of(few), "router", spread, None)
+    assert warning.startswith("too few held-out test tasks for a useful interval: n = 12")
+
+
+def test_routing_shares_and_the_switch_rate():
+    chosen = np.array([0, 0, 1, 2, 2, 2])
+    first = np.array([True, False, False, True, False, False])
+    routing = routing_of(NAMES, chosen, first, np.where(first, -1, np.roll(chosen, 1)))
+    assert routing.first_turn == {"ace": 0.5, "bee": 0.0, "cat": 0.5}
+    assert routing.all_turns == pytest.approx({"ace": 2 / 6, "bee": 1 / 6, "cat": 3 / 6})
+    assert routing.switch_rate == pytest.approx(1 / 4)   # of the four later turns, ace -> bee switched
+    assert identical_fixed(NAMES, np.array([1, 1, 1])) == "bee" and identical_fixed(NAMES, chosen) is None
+    result = verdict(estimates_of({"router": [0.8] * 40, deploy.BEST_FIXED: [0.5] * 40, deploy.RANDOM: [0.3] * 40}),
+                     "router", routing, "ace", None, {"lambda": 0.05})
+    assert result["paired"][deploy.BEST_FIXED]["return"]["difference"] == pytest.approx(0.3)
+    assert set(result["rows"]) == {"router", deploy.BEST_FIXED, deploy.RANDOM}
+
+
+# ------------------------------------------------------------------------------------------ end to end (fit)
+
+
+@pytest.mark.slow
+def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(tmp_path, capfd):
+    """A/B logs in which ace solves every task and the others none: no router can beat always-ace, so the choice
+    is the best fixed model (no candidate beats it with an interval above 0), deploy.json says so, the router loaded
+    by default calls ace and keeps it, and the verdict names it identical to ace."""
+    episodes = [ab_episode(f"t{i:02d}", m, int(m == "ace"), family=f"f{i % 2}") for i in range(40) for m in NAMES]
+    write_episodes(tmp_path / "episodes.jsonl", episodes)
+    write_model_cards(tmp_path / "cards.json", POOL)
+    config = with_overrides(default.get_config("tiny"), {
+        "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json"),
+        "data.holdout.validation": 0.25, "data.holdout.test": 0.25, "deploy.resamples": 50})
+    workdir = tmp_path / "W"
+    result = fit(config, workdir)
+    document = json.loads((workdir / "deploy.json").read_text())
+    assert document["deploy"]["name"] == deploy.BEST_FIXED and document["best_fixed_model"] == "ace"
+    assert document["estimator"] == "committed" and document["deploy"]["commit"] is True
+    assert document["deploy"]["recentring"]["k"] == 0.0
+    assert all(row["gain"] <= 1e-12 for row in document["candidates"])  # nothing beats always-ace
+    assert (workdir / "selection.md").read_text().count("**deployed**") == 1
+    router = Router.from_checkpoint(workdir)
+    assert router.commit and router.route("Task t00: add the numbers of line 0.").model == "ace"
+    verdict_ = result["verdict"]
+    assert verdict_["deployed"] == deploy.BEST_FIXED and verdict_["rows"][deploy.BEST_FIXED]["success"] == 1.0
+    assert "identical to fixed model ace: the same choice at every test state" in verdict_["warnings"]
+    assert json.loads((workdir / "verdict.json").read_text())["deployed"] == deploy.BEST_FIXED
+    # an explicit stage still loads the trained checkpoint as it is
+    assert Router.from_checkpoint(workdir, stage="td").recentring is None
