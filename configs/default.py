@@ -124,6 +124,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.deploy.alphas = (0.0, 0.01, 0.1)
     config.deploy.cql_on = ("stochastic", "all")
     config.deploy.shrinkage = (1.0, 0.5, 0.25)
+    config.deploy.keep_td_every = 5  # TD checkpoints every this many epochs are kept as candidates (0: the last only)
     config.deploy.require_gain = True
     config.deploy.resamples = 200   # bootstrap resamples of every interval (FQE: a refit each)
     config.deploy.rollouts = 8      # with an environment: rollouts per validation and test task

@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.host = "127.0.0.1"
     config.port = 8000
-    config.router_stage = ""            # the checkpoint stage to serve ("": the last one trained: online, td or mc)
+    config.router_stage = ""            # the stage to serve ("": the workdir's deployed choice, else the last stage)
     config.logdir = ""                  # where the turns are recorded ("": <workdir>/serve)
     config.model_id = "rivet"           # the model name GET /v1/models lists (a request's `model` is not read)
     config.session_header = "x-rivet-session"

@@ -61,11 +61,13 @@ class StageCheckpoints:
     newest intact one are moved aside, so the run can save their epochs again. Readers leave them in place.
     """
 
-    def __init__(self, workdir: str | os.PathLike, stage: str, max_to_keep: int | None = 2, repair: bool = False):
+    def __init__(self, workdir: str | os.PathLike, stage: str, max_to_keep: int | None = 2, repair: bool = False,
+                 keep_period: int | None = None):
         self.directory = stage_dir(workdir, stage)
         self._latest = newest_intact(self.directory, repair)
         # Synchronous saves: a save has landed on disk when `save` returns, so a kill right after loses nothing.
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+        # keep_period: epochs that are its multiples are never deleted (candidates of the validated choice).
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, keep_period=keep_period, create=True,
                                                enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
@@ -107,6 +109,10 @@ class StageCheckpoints:
 
     def close(self) -> None:
         self._manager.close()
+
+    def epochs(self) -> list[int]:
+        """Every epoch with a checkpoint on disk, oldest first."""
+        return sorted(int(step) for step in self._manager.all_steps())
 
     def _existing(self, epoch: int | None) -> int:
         epoch = self.latest_epoch() if epoch is None else epoch

@@ -3,7 +3,8 @@
 A trained router can be worse than always calling one model and say nothing (README, "Your own agent"). So
 training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every candidate it could deploy:
 
-  each run's stage checkpoints     MC, TD, online (with an environment), one run per conservatism setting
+  each run's stage checkpoints     MC, TD (its last epoch and the kept earlier ones, `config.deploy.keep_td_every`),
+                                   online (with an environment), one run per conservatism setting
   an ensemble                      per stage, the mean Q_route of those runs (Router.ensemble)
   recentred and shrunk             each of the above as floor(m) + k (Q_route(s, m) - centre(m)) (router.Recentring):
                                    the per-model floor is each model's mean logged return as a fixed model on the
@@ -66,34 +67,40 @@ class Candidate:
     runs: tuple[str, ...]
     stage: str
     k: float | None = None
+    epoch: int | None = None  # a kept earlier checkpoint of the stage (None: its last)
 
     def spec(self, recentring: Recentring | None, names: Sequence[str], commit: bool) -> dict:
         """What deploy.json records for `Router.deployed`."""
-        return {"name": self.name, "runs": list(self.runs), "stage": self.stage, "commit": commit,
+        return {"name": self.name, "runs": list(self.runs), "stage": self.stage, "epoch": self.epoch,
+                "commit": commit,
                 "recentring": None if recentring is None else {
                     "k": recentring.k, "floor": dict(zip(names, recentring.floor.tolist())),
                     "centre": dict(zip(names, recentring.centre.tolist()))}}
 
 
-def candidates(runs: Mapping[str, str], stages: Sequence[str], shrinkage: Sequence[float]) -> list[Candidate]:
-    """Every candidate of the runs {setting name: directory} at their trained `stages`: the best fixed model first
-    (ties go to it), then per stage each run and (several runs) their ensemble, as trained and recentred at every
-    k > 0 of `shrinkage`."""
+def candidates(runs: Mapping[str, str], stages: Sequence[str], shrinkage: Sequence[float],
+               earlier: Mapping[str, Sequence[int]] = {}) -> list[Candidate]:
+    """Every candidate of the runs {setting name: directory} at their trained `stages` (and the `earlier` kept
+    epochs of a stage, {stage: epochs}): the best fixed model first (ties go to it), then per checkpoint each run
+    and (several runs) their ensemble, as trained and recentred at every k > 0 of `shrinkage`."""
     first = next(iter(runs.values()))
     out = [Candidate(BEST_FIXED, (first,), stages[-1], 0.0)]
     for stage in stages:
-        groups = [(f"{name} {stage}", (directory,)) for name, directory in runs.items()]
-        if len(runs) > 1:
-            groups.append((f"ensemble {stage}", tuple(runs.values())))
-        for name, dirs in groups:
-            out.append(Candidate(name, dirs, stage))
-            out += [Candidate(f"{name} k={k:g}", dirs, stage, float(k)) for k in shrinkage if k > 0]
+        for epoch in [*earlier.get(stage, ()), None]:
+            at = stage if epoch is None else f"{stage}@{epoch}"
+            groups = [(f"{name} {at}", (directory,)) for name, directory in runs.items()]
+            if len(runs) > 1:
+                groups.append((f"ensemble {at}", tuple(runs.values())))
+            for name, dirs in groups:
+                out.append(Candidate(name, dirs, stage, epoch=epoch))
+                out += [Candidate(f"{name} k={k:g}", dirs, stage, float(k), epoch) for k in shrinkage if k > 0]
     return out
 
 
 def load_router(workdir: Path, candidate: Candidate) -> Router:
     """The candidate's runs at its stage, as trained (recentring is applied by the caller)."""
-    members = [Router.from_checkpoint(workdir / run, stage=candidate.stage) for run in candidate.runs]
+    members = [Router.from_checkpoint(workdir / run, stage=candidate.stage, epoch=candidate.epoch)
+               for run in candidate.runs]
     return members[0] if len(members) == 1 else Router.ensemble(members)
 
 
@@ -277,7 +284,7 @@ class Scorer:
     _routers: dict = dataclasses.field(default_factory=dict)
 
     def router(self, candidate: Candidate) -> Router:
-        key = (candidate.runs, candidate.stage)
+        key = (candidate.runs, candidate.stage, candidate.epoch)
         if key not in self._routers:
             self._routers[key] = load_router(self.workdir, candidate)
         return self._routers[key]

@@ -384,6 +384,9 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     support = logging_support(logs)
     weights = np.stack([np.where(support.episodes[:, None], cumulative_weights(logs, t), 0.0) for t in stacked])
     iterations = iterations or logs.live.shape[1]
+    if ridge is None:
+        logging.info("OPE: choosing FQE's ridge penalty (%d candidates x 5 folds of %d episodes, %d policies)",
+                     len(RIDGES), len(logs.episodes), len(names))
     chosen = {} if ridge is not None else dict(zip(("ridge", "ridge_errors"),
                                                    choose_ridge(logs, features, stacked, iterations, seed=seed)))
     ridge = chosen.get("ridge", ridge)

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, train
+from rivet_jax import checkpointing, deploy, train
 from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
 from rivet_jax.data.files import atomic_write_text
@@ -124,6 +124,16 @@ def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, 
     return result
 
 
+def earlier_td_epochs(config, workdir: Path) -> list[int]:
+    """The TD epochs before the last that the config's run kept (`config.deploy.keep_td_every`)."""
+    if "td" not in train.stages_of(config) or not config.deploy.keep_td_every:
+        return []
+    checkpoints = checkpointing.StageCheckpoints(workdir, "td", max_to_keep=None)
+    epochs = checkpoints.epochs()
+    checkpoints.close()
+    return [e for e in epochs if e % config.deploy.keep_td_every == 0 and e < config.td_epochs]
+
+
 def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: PreparedData,
                      splits: dict[str, list[Episode]], profile: LogsProfile, env: Env | None,
                      log: Callable[[str], None]) -> dict:
@@ -136,7 +146,7 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     rows = replay.state[first] if commit else replay.state                                          # (S,)
     scorer = deploy.Scorer(workdir, pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
     stages = train.stages_of(config)
-    candidates = deploy.candidates(runs, stages, dc.shrinkage)
+    candidates = deploy.candidates(runs, stages, dc.shrinkage, {"td": earlier_td_epochs(config, workdir)})
     log(f"choosing among {len(candidates)} candidates on the validation tasks"
         f"{' (committed routing: A/B logs)' if commit else ''}")
     store = EmbeddingStore(prepared.encoder, config.data.embedding_cache or workdir / "embeddings")

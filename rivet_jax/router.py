@@ -139,7 +139,8 @@ class Router:
 
     @classmethod
     def from_checkpoint(cls, workdir: str | os.PathLike, stage: str | None = None,
-                        encoder: Encoder | None = None, pool: ModelPool | None = None) -> "Router":
+                        encoder: Encoder | None = None, pool: ModelPool | None = None,
+                        epoch: int | None = None) -> "Router":
         """Loads the latest checkpoint of `stage` from a training workdir; without a stage, the workdir's validated
         choice (`deploy.json`, `Router.deployed`) where it has one, else its last trained stage.
 
@@ -148,7 +149,8 @@ class Router:
         temporarily unavailable are handled per call with `available`, not with another pool.
 
         A damaged latest checkpoint (its files no longer match their checksums) is passed over for the newest
-        intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteError).
+        intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteError). `epoch`: that
+        epoch's checkpoint of the stage instead of the latest (one the run kept).
         """
         if stage is None and (Path(workdir) / DEPLOY_FILE).exists():
             return cls.deployed(workdir, encoder=encoder, pool=pool)
@@ -161,9 +163,9 @@ class Router:
         pool = pool or ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
         encoder = encoder or make_encoder(config.encoder)
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
-        params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool))
+        params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool), epoch)
         checkpoints.close()
-        _check_finite_params(params, checkpoints.directory / str(checkpoints.latest_epoch()))
+        _check_finite_params(params, checkpoints.directory / str(epoch or checkpoints.latest_epoch()))
         card_embeddings = encoder.encode([card.description for card in pool.cards])
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 
@@ -175,11 +177,11 @@ class Router:
         path = Path(workdir) / DEPLOY_FILE
         try:
             spec = json.loads(path.read_text(encoding="utf-8"))["deploy"]
-            runs, stage = [Path(workdir) / run for run in spec["runs"]], spec["stage"]
+            runs, stage, epoch = [Path(workdir) / run for run in spec["runs"]], spec["stage"], spec.get("epoch")
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path}: not a deployment written by rivet_jax.fit ({error!r}); load a stage "
                              f"explicitly (stage='td') or refit") from error
-        members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool) for run in runs]
+        members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool, epoch=epoch) for run in runs]
         router = members[0] if len(members) == 1 else cls.ensemble(members, spec.get("pessimism", 0.0))
         recentring = spec.get("recentring")
         if recentring is not None:

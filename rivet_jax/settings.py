@@ -175,14 +175,16 @@ SETTINGS: dict[str, Setting] = {
     "deploy.shrinkage": Setting("the shrinkage k > 0 of the recentred candidates (k = 0, the best fixed model, is "
                                 "always one)", lambda v: isinstance(v, (tuple, list))
                                 and all(within(0.0, 1.0)(x) for x in v), "a list of numbers in [0, 1]"),
+    "deploy.keep_td_every": Setting("TD checkpoints at multiples of this many epochs are kept as candidates (0: the "
+                                    "last only)", *_INT0),
     "deploy.require_gain": Setting("deploy a router only if it beats the best fixed model with a paired 95% "
                                    "interval above 0", one_of(True, False), "True or False"),
     "deploy.resamples": Setting("bootstrap resamples of every interval", *_INT1),
     "deploy.rollouts": Setting("with an environment: rollouts per validation and test task", *_INT1),
     "deploy.seed": Setting("the bootstrap's and the rollouts' draws"),
     # launch.serve (configs/serve.py)
-    "router_stage": Setting("the checkpoint stage to serve ('' = the last trained)", one_of("", "mc", "td", "online"),
-                            "'' (the last trained), 'mc', 'td' or 'online'"),
+    "router_stage": Setting("the checkpoint stage to serve ('' = the deployed choice, else the last trained)",
+                            one_of("", "mc", "td", "online"), "'' (the deployed choice), 'mc', 'td' or 'online'"),
     "port": Setting("the proxy's TCP port", lambda v: is_integer(v) and 0 <= v <= 65535, "a TCP port in [0, 65535]"),
     "epsilon": Setting("per-turn exploration of the proxy", *_PROBABILITY),
     "max_attempts": Setting("candidates tried per request before answering 502", *_INT1),

@@ -136,6 +136,12 @@ def check_params(state: TrainState, where: str, when: str, config, c_ref: float,
 # --------------------------------------------------------------------------------------------- offline books
 
 
+def kept_period(config, stage: str) -> int | None:
+    """TD checkpoints at multiples of `config.deploy.keep_td_every` epochs are kept for the validated choice."""
+    every = config.get("deploy", {}).get("keep_td_every", 0) if stage == "td" else 0
+    return int(every) or None
+
+
 @dataclasses.dataclass
 class StageRun:
     """One run's side of an offline stage (MC or TD): where it resumes from, its start, checkpoints and logs."""
@@ -153,7 +159,7 @@ class StageRun:
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=config.checkpoints_to_keep,
-                                                     repair=True)
+                                                     repair=True, keep_period=kept_period(config, stage))
         if checkpoints.latest_epoch() is not None:  # a resume, or a finished stage: either way the same run
             check_resume(checkpoints.restore_meta(), config, prepared, stage, str(checkpoints.directory))
         return cls(config, workdir, stage, prepared, checkpoints)
