@@ -168,3 +168,34 @@ def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(t
     assert json.loads((workdir / "verdict.json").read_text())["deployed"] == deploy.BEST_FIXED
     # an explicit stage still loads the trained checkpoint as it is
     assert Router.from_checkpoint(workdir, stage="td").recentring is None
+
+
+@pytest.mark.slow
+def test_routesim_logs_through_the_own_logs_path_deploy_a_router_that_beats_the_best_fixed_model(tmp_path):
+    """RouteSim's logged corpus trained as one's own logs (no simulator at train time: the default config, tiny
+    sizes, 30% of the tasks held out to validate), then the deployed choice rolled out in RouteSim on its test
+    tasks: it routes (several models at the first turn) and its exact return beats the best fixed model's (that of
+    the training tasks, valued exactly on the test tasks)."""
+    from configs import routesim as routesim_config
+    from rivet_jax import evaluation
+    from rivet_jax.envs import oracle
+    from rivet_jax.envs.base import RouterPolicy
+    from rivet_jax.envs.routesim import make_routesim
+
+    config = with_overrides(default.get_config("tiny"), {
+        "data.demo": True, "data.demo_tasks": 200, "mc_epochs": 5, "td_epochs": 5,
+        "data.holdout.validation": 0.3, "data.holdout.test": 0.1, "deploy.resamples": 50,
+        "deploy.alphas": (0.0, 0.01), "deploy.cql_on": ("stochastic",), "loss.alpha": 0.01,
+        "loss.cql_on": "stochastic", "deploy.shrinkage": (1.0,)})
+    assert "sim" not in config
+    result = fit(config, tmp_path)
+    assert result["deploy"]["name"] != deploy.BEST_FIXED and not result["deploy"]["commit"]  # logs with draws
+    routing = result["verdict"]["routing"]
+    assert sum(share > 0 for share in routing["first_turn"].values()) >= 2
+    router = Router.from_checkpoint(tmp_path)
+    sim = make_routesim(routesim_config.get_config().sim)
+    lam, gamma, c_ref = router.config.reward.lam, router.config.reward.gamma, router.c_ref
+    episodes = evaluation.rollout(sim, RouterPolicy(router), "test", 2, 1)
+    routed = evaluation.episode_metrics(episodes, lam, gamma, c_ref, 2)["return"]
+    best_fixed = json.loads((tmp_path / "deploy.json").read_text())["best_fixed_model"]
+    assert routed > oracle.policy_report(sim, "test", lam, gamma, c_ref)[best_fixed]["return"] + 0.05
