@@ -124,10 +124,13 @@ def test_routing_state_gives_the_converted_texts():
     task, history = routing_state(WEATHER["messages"][:4])
     assert task == "Weather in Paris?"
     assert history == [{"response": '[tool_call call_1] get_weather({"city": "Paris"})',
-                        "feedback": "[tool call_1] 18C, sunny"}]
+                        "feedback": "[tool call_1] 18C, sunny", "model": "small"}]  # the model, where named
     assert routing_state(WEATHER["messages"][:2]) == ("Weather in Paris?", [])
     _, history = routing_state(ADDITION["messages"])
-    assert history == [{"response": t.response, "feedback": t.feedback} for t in EXPECTED_CHAT[1].turns]
+    assert history == [{"response": t.response, "feedback": t.feedback, "model": t.model}
+                       for t in EXPECTED_CHAT[1].turns]
+    unnamed = [{k: v for k, v in m.items() if k != "model"} for m in ADDITION["messages"]]
+    assert all("model" not in turn for turn in routing_state(unnamed)[1])
 
 
 def drop(*keys) -> Callable[[dict], None]:

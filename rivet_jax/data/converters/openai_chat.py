@@ -86,13 +86,19 @@ def prompt_task_id(prompt: str) -> str:
 
 
 def routing_state(messages: Any) -> tuple[str, list[dict[str, str]]]:
-    """The task and the history of a conversation so far, as `Router.route(task, history)` takes them.
+    """The task and the history of a conversation so far, as `Router.route(task, history)` takes them (each turn's
+    "model" too where its assistant message names one).
 
     The texts are the converter's, so a router is served exactly what it was trained on: call it on the messages up
     to the next model call. Malformed messages are a DataError on '<messages>'.
     """
     task, segments = _segments(messages, Where("<messages>", None))
-    return task, [{"response": s.response, "feedback": "\n".join(s.feedback)} for s in segments]
+    history = [{"response": s.response, "feedback": "\n".join(s.feedback)} for s in segments]
+    for turn, segment in zip(history, segments):  # the model that answered, where the message names it (a router
+        model = messages[segment.index].get("model")  # that commits keeps calling it; routing never reads it)
+        if isinstance(model, str):
+            turn["model"] = model
+    return task, history
 
 
 def convert_openai_chat(path: str | os.PathLike, pool: ModelPool,
