@@ -252,3 +252,19 @@ def test_held_out_split_keeps_to_the_manifests_tasks(tmp_path, caplog):
     assert [e.task.id for e in offpolicy.held_out_split(logs, tmp_path, "validation")] == ["b"]
     assert offpolicy.held_out_split(logs, tmp_path, None) == logs
     assert "2 of the 4 episodes are of tasks" in caplog.text
+
+
+def test_fqe_is_linear_in_lambda_so_two_fits_give_every_lambda():
+    """launch.calibrate reads J at each router's lambda from fits at lambda 0 and 1: FQE (ridge fixed) is linear in
+    the rewards, so J(0.3) = 0.7 J(0) + 0.3 J(1), point and every resample alike."""
+    episodes = two_turn_episodes(300, seed=5)
+    fits = {}
+    for lam in (0.0, 1.0, 0.3):
+        logs = ope.read_logs(episodes, POOL, lam=lam, gamma=0.9, c_ref=1.0)
+        turn = np.concatenate([np.arange(len(e.turns)) for e in logs.episodes])
+        targets = {"b": ope.target_distribution(FixedModelPolicy("b"), ope.state_requests(logs, POOL), POOL)}
+        fits[lam] = ope.evaluate(logs, targets, np.eye(2)[turn], resamples=20, ridge=0.1, keep_draws=True)
+    point = {lam: next(r["return"] for r in fit["rows"] if r["estimator"] == "FQE") for lam, fit in fits.items()}
+    assert point[0.3] == pytest.approx(0.7 * point[0.0] + 0.3 * point[1.0])
+    draws = {lam: fit["draws"]["FQE"][:, 0, 0] for lam, fit in fits.items()}
+    np.testing.assert_allclose(draws[0.3], 0.7 * draws[0.0] + 0.3 * draws[1.0], rtol=1e-6)  # float32 products
