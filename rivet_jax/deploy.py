@@ -297,11 +297,7 @@ class Scorer:
 
     def deployable(self, candidate: Candidate) -> Router:
         """The candidate as `Router.deployed` loads it."""
-        base = self.router(candidate)
-        router = Router(base._params, base.pool, base.encoder, base.config, base._card_embeddings, c_ref=base.c_ref,
-                        stacked=True, pessimism=base.pessimism, recentring=self.recentring(candidate),
-                        commit=self.commit)
-        return router
+        return self.router(candidate).deployed_as(self.recentring(candidate), self.commit)
 
     def scores(self, candidate: Candidate, h: np.ndarray) -> np.ndarray:  # (N, M) at states h (N, D)
         q = self.router(candidate).scores_from_embeddings(h).astype(np.float64)

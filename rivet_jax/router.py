@@ -17,6 +17,7 @@ commits); an explicit `stage` loads that stage's checkpoint of W's own run, as t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -183,14 +184,11 @@ class Router:
                              f"explicitly (stage='td') or refit") from error
         members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool, epoch=epoch) for run in runs]
         router = members[0] if len(members) == 1 else cls.ensemble(members, spec.get("pessimism", 0.0))
-        recentring = spec.get("recentring")
+        recentring, names = spec.get("recentring"), router.pool.names
         if recentring is not None:
-            names = router.pool.names
-            router.recentring = Recentring(np.array([recentring["floor"][m] for m in names]),
-                                           np.array([recentring["centre"][m] for m in names]),
-                                           float(recentring["k"]))
-        router.commit = bool(spec.get("commit", False))
-        return router
+            recentring = Recentring(np.array([recentring["floor"][m] for m in names]),
+                                    np.array([recentring["centre"][m] for m in names]), float(recentring["k"]))
+        return router.deployed_as(recentring, bool(spec.get("commit", False)))
 
     @classmethod
     def ensemble(cls, members: Sequence["Router"], pessimism: float = 0.0) -> "Router":
@@ -213,6 +211,13 @@ class Router:
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
                    stacked=True, pessimism=pessimism)
+
+    def deployed_as(self, recentring: Recentring | None, commit: bool) -> "Router":
+        """This router (the same parameters, shared) scoring with `recentring` and `commit`: a candidate of
+        `rivet_jax.deploy` as `Router.deployed` will load it."""
+        router = copy.copy(self)
+        router.recentring, router.commit = recentring, commit
+        return router
 
     @property
     def members(self) -> int:
