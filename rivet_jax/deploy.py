@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -164,15 +165,13 @@ class Estimates:
         return self.names.index(name)
 
     def interval(self, p: int, channel: int, level: float = 0.95) -> tuple[float, float]:
-        tail = 100 * (1 - level) / 2
-        return tuple(float(x) for x in np.nanpercentile(self.draws[:, p, channel], [tail, 100 - tail]))
+        """The percentile interval of policy p's channel (nan, nan where it was not resampled)."""
+        return _percentiles(self.draws[:, p, channel], level)
 
     def difference(self, p: int, q: int, channel: int = J, level: float = 0.95) -> tuple[float, float, float]:
         """Policy p minus policy q: the estimate and its paired interval."""
-        tail = 100 * (1 - level) / 2
-        diff = self.draws[:, p, channel] - self.draws[:, q, channel]
-        low, high = np.nanpercentile(diff, [tail, 100 - tail])
-        return float(self.point[p, channel] - self.point[q, channel]), float(low), float(high)
+        low, high = _percentiles(self.draws[:, p, channel] - self.draws[:, q, channel], level)
+        return float(self.point[p, channel] - self.point[q, channel]), low, high
 
     def row(self, p: int) -> dict:
         out = {"policy": self.names[p]}
@@ -180,6 +179,14 @@ class Estimates:
             low, high = self.interval(p, c)
             out.update({channel: float(self.point[p, c]), f"{channel}_lo": low, f"{channel}_hi": high})
         return out
+
+
+def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
+    if np.isnan(draws).all():
+        return math.nan, math.nan
+    tail = 100 * (1 - level) / 2
+    low, high = np.nanpercentile(draws, [tail, 100 - tail])
+    return float(low), float(high)
 
 
 def task_bootstrap(per_task: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -223,22 +230,44 @@ def committed_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], tasks:
                              f"with an episode of every model")
 
 
-def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: int, seed: int) -> Estimates:
-    """FQE of every target; targets that choose alike at every state (candidates often do) are fitted once."""
+def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: int, seed: int,
+                  screen_against: str | None = None) -> Estimates:
+    """FQE of every target; targets that choose alike at every state (candidates often do) are fitted once.
+
+    `screen_against` (a target's name, the best fixed model): first one fit of every target, then the bootstrap
+    only of that target and those whose point estimate of J beats it; the others (which `choose` cannot take)
+    keep their point estimate and nan draws. Each refit costs in proportion to the targets it carries, so this
+    spares most of the bootstrap when most candidates are no better than the floor."""
     first: dict[bytes, np.ndarray] = {}
     for target in targets.values():
         first.setdefault(target.tobytes(), target)
     index = {key: i for i, key in enumerate(first)}
-    which = [index[target.tobytes()] for target in targets.values()]                               # (P,)
-    unique = {str(i): target for i, target in enumerate(first.values())}
-    result = ope.evaluate(held.logs, unique, held.features, resamples=resamples, seed=seed, keep_draws=True)
-    point = np.zeros((len(unique), 3))
-    for row in result["rows"]:
-        if row["estimator"] == "FQE":
-            point[int(row["policy"])] = [row[c] for c in CHANNELS]
-    return Estimates(list(targets), point[which], result["draws"]["FQE"][:, which], "FQE", result["tasks"],
+    which = np.array([index[target.tobytes()] for target in targets.values()])                      # (P,)
+    unique = list(first.values())
+    screen = screen_against is not None and len(unique) > 2
+    kept: list[int] = []
+
+    def evaluate(rows: Sequence[int], count: int, ridge: float | None) -> dict:
+        return ope.evaluate(held.logs, {str(i): unique[i] for i in rows}, held.features, resamples=count, seed=seed,
+                            ridge=ridge, keep_draws=True)
+
+    def fqe_points(result: dict) -> dict[int, list[float]]:
+        return {int(r["policy"]): [r[c] for c in CHANNELS] for r in result["rows"] if r["estimator"] == "FQE"}
+
+    result = evaluate(range(len(unique)), 1 if screen else resamples, None)
+    point = np.array([fqe_points(result)[i] for i in range(len(unique))])                          # (U, C)
+    draws = np.full((resamples, len(unique), 3), np.nan)
+    if screen:
+        floor = int(which[list(targets).index(screen_against)])
+        kept = [floor] + [i for i in range(len(unique)) if i != floor and point[i, J] > point[floor, J]]
+        result = {**evaluate(kept, resamples, result["ridge"]), "episodes": result["episodes"]}
+        draws[:, kept] = result["draws"]["FQE"]
+    else:
+        draws = result["draws"]["FQE"]
+    return Estimates(list(targets), point[which], draws[:, which], "FQE", result["tasks"],
                      f"fitted-Q evaluation on {result['episodes']} held-out episodes of {result['tasks']} tasks "
-                     f"(ridge {result['ridge']:g}; {len(unique)} distinct policies among {len(targets)})")
+                     f"(ridge {result['ridge']:g}; {len(unique)} distinct policies among {len(targets)}"
+                     f"{f', {len(kept)} of them resampled: the best fixed model and those above it' if screen else ''})")
 
 
 def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, rollouts: int, seed: int, lam: float,
@@ -322,7 +351,8 @@ def write_deployment(workdir: Path, chosen: dict, estimates: Estimates, rows: li
 def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading: str) -> str:
     lines = [f"# {heading}", "",
              f"Validation estimates ({estimates.estimator}: {estimates.note}). J is Eq. 2's discounted return per "
-             f"episode; intervals are 95% over tasks; 'vs best fixed' is the paired difference in J.", "",
+             f"episode; intervals are 95% over tasks; 'vs best fixed' is the paired difference in J (nan: not "
+             f"resampled, its J is not above the best fixed model's).", "",
              "| candidate | J | 95% | success | cost/episode ($) | vs best fixed | 95% | |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -348,14 +378,12 @@ def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: Hel
 
 
 def log_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], committed: bool, resamples: int, seed: int,
-                  min_complete: float = 0.5) -> Estimates:
+                  min_complete: float = 0.5, screen_against: str | None = None) -> Estimates:
     """Committed estimates where the held-out tasks support them (`committed`, and at least `min_complete` of the
-    tasks with an episode of every model), else FQE."""
+    tasks with an episode of every model), else FQE (`fqe_estimates`, screened against `screen_against`)."""
     if committed:
         tasks = complete_tasks(held, held.logs.available.shape[1])
         if len(tasks) >= max(2, min_complete * len({e.task.id for e in held.logs.episodes})):
             return committed_estimates(held, targets, tasks, resamples, seed)
-    return fqe_estimates(held, targets, resamples, seed)
+    return fqe_estimates(held, targets, resamples, seed, screen_against)
 
-
-ProgressFn = Callable[[str], None]

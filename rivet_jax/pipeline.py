@@ -35,7 +35,7 @@ from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.envs.base import Env, RouterPolicy
 from rivet_jax.stage_run import stored_c_ref
 from rivet_jax.workdir_lock import hold_workdir
-from rivet_jax.verdict import VERDICT_MD, judge_by_rollouts, judge_on_logs, write_verdict
+from rivet_jax.verdict import MIN_TASKS, VERDICT_MD, judge_by_rollouts, judge_on_logs, write_verdict
 
 PROFILE_FILE = "logs_profile.json"
 
@@ -149,6 +149,11 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     candidates = deploy.candidates(runs, stages, dc.shrinkage, {"td": earlier_td_epochs(config, workdir)})
     log(f"choosing among {len(candidates)} candidates on the validation tasks"
         f"{' (committed routing: A/B logs)' if commit else ''}")
+    tasks = len({e.task.id for e in splits["validation"]}) if env is None else None
+    if tasks is not None and tasks < MIN_TASKS:
+        logging.warning("only %d validation tasks: a router is deployed only if its gain over the best fixed model "
+                        "shows with an interval above 0, which few tasks rarely allow; hold out more "
+                        "(config.data.holdout.validation)", tasks)
     store = EmbeddingStore(prepared.encoder, config.data.embedding_cache or workdir / "embeddings")
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
@@ -157,7 +162,7 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     else:
         held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
         estimates = deploy.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
-                                         dc.seed)
+                                         dc.seed, screen_against=deploy.BEST_FIXED)
     chosen = candidates[deploy.choose(estimates, dc.require_gain)]
     table = deploy.candidate_rows(estimates)
     spec = chosen.spec(scorer.recentring(chosen), pool.names, commit)
