@@ -94,6 +94,30 @@ def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
     assert est.estimator == "committed" and est.tasks == 2
 
 
+def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_dir, tmp_path):
+    """A deploy.json naming a run, its TD stage, a recentring and commitment: Router.from_checkpoint(W) scores
+    floor + k (Q - centre) of that checkpoint, keeps the previous turn's model, and an explicit stage does not."""
+    import shutil
+
+    workdir = tmp_path / "W"
+    shutil.copytree(demo_router_dir, workdir)
+    raw = Router.from_checkpoint(workdir, stage="td")
+    names = raw.pool.names
+    floor, centre = np.linspace(0.1, 0.6, len(names)), np.linspace(1.0, -1.0, len(names))
+    spec = deploy.Candidate("td k=0.5", (".",), "td", 0.5).spec(Recentring(floor, centre, 0.5), names, commit=True)
+    (workdir / "deploy.json").write_text(json.dumps({"deploy": spec}))
+    deployed = Router.from_checkpoint(workdir)
+    task, history = "What is 2 + 3?", [{"response": "5", "feedback": "ok", "model": names[1]}]
+    q = raw.scores([(task, [])])
+    np.testing.assert_allclose(deployed.scores([(task, [])]), floor + 0.5 * (q - centre), rtol=1e-6)
+    assert deployed.route(task, history).model == names[1]                      # committed: keeps the last model
+    assert deployed.route(task, history, available=[names[0], names[2]]).model in (names[0], names[2])
+    assert Router.from_checkpoint(workdir, stage="td").route(task, []).model == raw.route(task, []).model
+    (workdir / "deploy.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a deployment written by rivet_jax.fit"):
+        Router.from_checkpoint(workdir)
+
+
 # ----------------------------------------------------------------------------------------------- the verdict
 
 
