@@ -256,11 +256,11 @@ def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: i
 
     result = evaluate(range(len(unique)), 1 if screen else resamples, None)
     point = np.array([fqe_points(result)[i] for i in range(len(unique))])                          # (U, C)
-    draws = np.full((resamples, len(unique), 3), np.nan)
     if screen:
         floor = int(which[list(targets).index(screen_against)])
         kept = [floor] + [i for i in range(len(unique)) if i != floor and point[i, J] > point[floor, J]]
-        result = {**evaluate(kept, resamples, result["ridge"]), "episodes": result["episodes"]}
+        result = evaluate(kept, resamples, result["ridge"])
+        draws = np.full((resamples, len(unique), 3), np.nan)
         draws[:, kept] = result["draws"]["FQE"]
     else:
         draws = result["draws"]["FQE"]
@@ -274,19 +274,23 @@ def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, roll
                       gamma: float, c_ref: float, resamples: int) -> tuple[Estimates, list[list[Episode]]]:
     """Every policy rolled out `rollouts` times per task of `split`, exactly; also the episodes."""
     rolled = evaluation.rollout_each(env, list(policies.values()), split, rollouts, seed)
-    tasks = sorted({e.task.id for e in rolled[0]})
-    index = {t: i for i, t in enumerate(tasks)}
-    per_task = np.zeros((len(policies), len(tasks), 3))
-    for p, episodes in enumerate(rolled):
-        counts = np.zeros(len(tasks))
-        for e in episodes:
-            per_task[p, index[e.task.id]] += (evaluation.discounted_return(e, lam, gamma, c_ref), e.outcome,
-                                              sum(t.cost for t in e.turns))
-            counts[index[e.task.id]] += 1
-        per_task[p] /= counts[:, None]
+    per_task = np.stack([per_task_values(episodes, lam, gamma, c_ref) for episodes in rolled])       # (P, T, C)
+    tasks = per_task.shape[1]
     estimates = Estimates(list(policies), per_task.mean(axis=1), task_bootstrap(per_task, resamples, seed),
-                          "rollouts", len(tasks), f"{rollouts} rollout(s) of each of {len(tasks)} {split} tasks")
+                          "rollouts", tasks, f"{rollouts} rollout(s) of each of {tasks} {split} tasks")
     return estimates, rolled
+
+
+def per_task_values(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float) -> np.ndarray:
+    """(T, C) each task's mean J (Eq. 2 at `lam`), success and dollar cost over its episodes, tasks sorted by id."""
+    tasks = sorted({e.task.id for e in episodes})
+    index = {t: i for i, t in enumerate(tasks)}
+    totals, counts = np.zeros((len(tasks), 3)), np.zeros(len(tasks))
+    for e in episodes:
+        totals[index[e.task.id]] += (evaluation.discounted_return(e, lam, gamma, c_ref), e.outcome,
+                                     sum(t.cost for t in e.turns))
+        counts[index[e.task.id]] += 1
+    return totals / counts[:, None]
 
 
 # ---------------------------------------------------------------------------------------------------- choice
@@ -311,6 +315,7 @@ class Scorer:
     train_h: np.ndarray                     # (S, D) the training states the centres are means over
     commit: bool
     _routers: dict = dataclasses.field(default_factory=dict)
+    _centres: dict = dataclasses.field(default_factory=dict)
 
     def router(self, candidate: Candidate) -> Router:
         key = (candidate.runs, candidate.stage, candidate.epoch)
@@ -321,8 +326,10 @@ class Scorer:
     def recentring(self, candidate: Candidate) -> Recentring | None:
         if candidate.k is None:
             return None
-        centre = self.router(candidate).scores_from_embeddings(self.train_h).mean(axis=0)          # (M,)
-        return Recentring(self.floor, centre.astype(np.float64), candidate.k)
+        key = (candidate.runs, candidate.stage, candidate.epoch)  # one centre per checkpoint, whatever k
+        if key not in self._centres:
+            self._centres[key] = self.router(candidate).scores_from_embeddings(self.train_h).mean(axis=0)  # (M,)
+        return Recentring(self.floor, self._centres[key].astype(np.float64), candidate.k)
 
     def deployable(self, candidate: Candidate) -> Router:
         """The candidate as `Router.deployed` loads it."""
@@ -337,9 +344,13 @@ class Scorer:
 def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, lam: float, gamma: float, c_ref: float) -> np.ndarray:
     """(M,) each model's mean logged return as a fixed model on `episodes` (the training tasks'); a model never
     logged alone gets the lowest floor (never the best fixed model; recentred, it can still be chosen)."""
-    returns = BestFixedRouter.fit(episodes, pool, lam, gamma, c_ref).returns
-    lowest = min(returns.values())
-    return np.array([returns.get(m, lowest) for m in pool.names])
+    return floor_of(BestFixedRouter.fit(episodes, pool, lam, gamma, c_ref), pool)
+
+
+def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:
+    """(M,) a fitted best-fixed router's training returns in pool order, the lowest where a model has none."""
+    lowest = min(best_fixed.returns.values())
+    return np.array([best_fixed.returns.get(m, lowest) for m in pool.names])
 
 
 def write_deployment(workdir: Path, chosen: dict, estimates: Estimates, rows: list[dict], extra: dict) -> None:

@@ -183,7 +183,7 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
           store: EmbeddingStore, floor: np.ndarray, log: Callable[[str], None]) -> dict:
     """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
     pool, dc = scorer.pool, config.deploy
-    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), scorer.deployable(chosen).c_ref
+    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), scorer.router(chosen).c_ref
     if env is not None:
         result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
                                    floor, dc.rollouts, dc.seed + 1, lam, gamma, c_ref, dc.resamples)

@@ -32,14 +32,15 @@ from matplotlib.figure import Figure
 from rivet_jax import deploy, evaluation, ope, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.files import atomic_write_text
-from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
-from rivet_jax.data.splits import MANIFEST, episodes_of
+from rivet_jax.data.schema import Episode
+from rivet_jax.data.splits import MANIFEST
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import routesim
 from rivet_jax.experiments.common import MAIN, train_variants, with_overrides
 from rivet_jax.experiments.report import save_figure
+from rivet_jax.pipeline import logged_splits
 from rivet_jax.router import DEPLOY_FILE, Router
 from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
 
@@ -58,16 +59,9 @@ def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, lam:
                     c_ref: float) -> dict:
     """Success, dollar cost and return J (Eqs. 1-2 at `lam`) per episode of rolled-out episodes, each with a 95%
     interval over tasks."""
-    tasks = sorted({e.task.id for e in episodes})
-    index = {t: i for i, t in enumerate(tasks)}
-    totals, counts = np.zeros((len(tasks), 3)), np.zeros(len(tasks))
-    for e in episodes:
-        totals[index[e.task.id]] += (e.outcome, sum(t.cost for t in e.turns),
-                                     evaluation.discounted_return(e, lam, gamma, c_ref))
-        counts[index[e.task.id]] += 1
-    per_task = totals / counts[:, None]                                                        # (T, 3)
+    per_task = deploy.per_task_values(episodes, lam, gamma, c_ref)                                # (T, 3)
     out = {}
-    for column, name in enumerate(("success", "cost", "return")):
+    for column, name in ((deploy.SUCCESS, "success"), (deploy.COST, "cost"), (deploy.J, "return")):
         mean, low, high = bootstrap_mean(per_task[:, column], resamples, seed)
         out.update({name: mean, f"{name}_lo": low, f"{name}_hi": high})
     return out
@@ -126,18 +120,16 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     first = next(iter(routers.values()))
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
     names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
-    runs = []
-    ridge = None
+    logs = {lam: ope.read_logs(validation, first.pool, lam, gamma, c_ref) for lam in (0.0, 1.0)}
+    requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
+    targets = [ope.target_distribution(RouterPolicy(r), requests, first.pool) for r in routers.values()]
+    targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
+    features = ope.state_features(logs[0.0], make_encoder(config.encoder), config.max_state_tokens)
+    runs, ridge = [], None
     for lam in (0.0, 1.0):
-        logs = ope.read_logs(validation, first.pool, lam, gamma, c_ref)
-        if not runs:
-            requests = ope.state_requests(logs, first.pool)
-            targets = [ope.target_distribution(RouterPolicy(r), requests, first.pool) for r in routers.values()]
-            targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
-            features = ope.state_features(logs, make_encoder(config.encoder), config.max_state_tokens)
         logging.info("calibrate: fitted-Q evaluation of %d policies at lambda %g (%d resamples)", len(names), lam,
                      cal.resamples)
-        result = ope.evaluate(logs, dict(zip(names, targets)), features, resamples=cal.resamples, seed=cal.seed,
+        result = ope.evaluate(logs[lam], dict(zip(names, targets)), features, resamples=cal.resamples, seed=cal.seed,
                               ridge=ridge, keep_draws=True)
         ridge = result["ridge"]  # the second fit keeps the first's penalty: the same estimator at both lambdas
         runs.append(result)
@@ -162,20 +154,7 @@ def _validation_logs(config, run_dirs: Sequence[Path]) -> list[Episode]:
     if not (run_dirs[0] / MANIFEST).exists():
         raise ConfigError("calibrating on one's own logs needs held-out validation tasks: set "
                           "--config.data.holdout.validation (e.g. 0.1)")
-    return _split_logs(config, run_dirs[0], "validation")
-
-
-def _split_logs(run_config, run_dir: Path, split: str) -> list[Episode]:
-    """The episodes of `split`'s tasks in a run's task split (without one, every episode is a training one), from
-    the logs the run trained on (`run_config`, its own config: RouteSim's collected corpus there)."""
-    config = run_config
-    pool = read_model_cards(config.data.cards)
-    episodes = read_episodes(config.data.episodes, pool, skip_invalid=config.data.skip_invalid,
-                             max_skipped_fraction=config.data.max_skipped_fraction).episodes
-    manifest = run_dir / MANIFEST
-    if not manifest.exists():
-        return episodes if split == "train" else []
-    return episodes_of(episodes, json.loads(manifest.read_text(encoding="utf-8"))[split])
+    return logged_splits(config, run_dirs[0])["validation"]
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -231,13 +210,13 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
     """The chosen router against the best fixed model (of its training logs) and random on the test tasks; written
     to verdict.{md,json} in `workdir`. None on one's own logs without held-out test tasks."""
     lam, gamma, cal = float(router.config.reward.lam), float(router.config.reward.gamma), config.calibrate
-    training = _split_logs(router.config, router_dir, "train")
-    floor = deploy.fixed_floor(training, router.pool, lam, gamma, router.c_ref)
+    splits = logged_splits(router.config, router_dir)  # the logs the run trained on (RouteSim: its corpus)
+    floor = deploy.fixed_floor(splits["train"], router.pool, lam, gamma, router.c_ref)
     if simulated:
         result = judge_by_rollouts(make_routesim(config.sim), MAIN, RouterPolicy(router), router.pool, floor,
                                    cal.rollouts, cal.seed + 1, lam, gamma, router.c_ref, cal.resamples)
     else:
-        test = _split_logs(router.config, router_dir, "test")
+        test = splits["test"]
         if not test:
             logging.info("calibrate: no held-out test tasks (config.data.holdout.test = 0): no verdict")
             return None

@@ -125,8 +125,7 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     written to <out>/verdict.{md,json}."""
     config = router.config
     lam, gamma = float(config.reward.lam), float(config.reward.gamma)
-    lowest = min(best_fixed.returns.values())
-    floor = np.array([best_fixed.returns.get(m, lowest) for m in router.pool.names])
+    floor = deploy.floor_of(best_fixed, router.pool)
     store = EmbeddingStore(router.encoder, config.data.embedding_cache or workdir / "embeddings")
     held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, lam, gamma, router.c_ref)
     result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
