@@ -48,8 +48,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.experiment.sweep_seeds = (0,)
         config.experiment.mtrouter_epochs = 2
         config.experiment.knn_k = 3
-        config.experiment.max_tasks_per_subset = 3  # a handful of tasks per subset
-        config.max_state_tokens = 128               # MiniLM time grows with the state length
+        config.experiment.max_tasks_per_subset = 2  # two tasks per subset and split: 10 per split
+        config.max_state_tokens = 64                # MiniLM time grows with the state length
         config.compare_hashing = False
     elif arg:
         raise ValueError(f"unknown config variant {arg!r}; known: '', 'tiny'")
