@@ -10,11 +10,15 @@ never a candidate; a name outside the router's pool is refused at start):
       "large": {"base_url": "https://api.openai.com/v1", "model": "gpt-5", "api_key_env": "OPENAI_API_KEY"},
   }
 
+Any model name works, dots included (`gpt-3.5-turbo-0613`, `Qwen1.5-72B-Chat`): `backends` is a plain dict, not a
+nested config (whose keys cannot hold dots).
+
 `api_key_env` names the environment variable holding the key (it must be set; "" sends no key); keys are never
 written to the config, the logs or the recorded episodes.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -36,5 +40,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.connect_timeout_s = 5.0
     config.cooloff_s = 30.0             # a backend that faulted is not a candidate for this long
     config.episode_timeout_s = 3600.0   # an open episode idle this long closes with outcome unknown (kept apart)
-    config.backends = {}                # pool model -> {base_url, model, api_key_env} (module docstring)
+    # pool model -> {base_url, model, api_key_env} (module docstring); kept a plain dict (a placeholder of any type)
+    config.backends = config_dict.placeholder(object)
+    # Who may call it (rivet_jax/serve/app.py). Bound beyond loopback (host 0.0.0.0), set auth_token_env: the
+    # variable holding a token that chat, outcome and model requests must carry as "Authorization: Bearer <token>"
+    # (the proxy spends the upstream keys of whoever reaches it). Browsers' cross-site requests are refused unless
+    # their Origin is listed.
+    config.auth_token_env = ""          # "" = no token asked (loopback use)
+    config.allowed_origins = ()         # e.g. ("https://my-app.example",); requests without an Origin are not browsers'
+    config.max_body_bytes = 8 << 20     # a request body over this is answered 413
     return config

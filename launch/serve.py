@@ -14,6 +14,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from launch.common import run_app, run_reporting_user_errors
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.router import Router
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/serve.py", "Serve config (configs/serve.py).",
@@ -31,8 +32,15 @@ def main(argv):
     config = _CONFIG.value
 
     def start():
+        if config.auth_token_env and not os.environ.get(config.auth_token_env):
+            raise ConfigError(f"config.auth_token_env names {config.auth_token_env}, which is not set (or empty): set "
+                              f"it to the token clients must send")
+        if not config.auth_token_env and config.host not in ("127.0.0.1", "localhost", "::1"):
+            logging.warning("serving on %s without a token: anyone who reaches it spends the upstream keys; set "
+                            "config.auth_token_env (README, Serve)", config.host)
         router = Router.from_checkpoint(_WORKDIR.value, stage=config.router_stage or None)
-        backends = backends_from_config(config.backends.to_dict(), router.pool)  # a ConfigError: one line
+        given = config.backends.to_dict() if hasattr(config.backends, "to_dict") else config.backends
+        backends = backends_from_config(given, router.pool)  # a ConfigError: one line
         unserved = [name for name in router.pool.names if name not in backends]
         if unserved:
             logging.warning("pool models without a backend, never candidates: %s", ", ".join(unserved))

@@ -227,7 +227,8 @@ def test_no_backend_left_is_a_clear_openai_error(proxy, upstreams):
 ])
 def test_malformed_requests_get_400_with_a_message(proxy, body, headers, words):
     url, live = proxy
-    response = httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers)
+    response = httpx.post(f"{url}/v1/chat/completions", content=body,
+                          headers={"content-type": "application/json", **headers})
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     assert not live.recorder.open

@@ -154,4 +154,4 @@ def test_diverged_expired_and_mid_conversation_episodes_are_kept_apart(tmp_path)
     assert set(apart) == {"diverged", "began mid-conversation", "expired"}
     assert apart["began mid-conversation"]["outcome"] == 1 and apart["expired"]["outcome"] is None
     assert len(apart["diverged"]["turns"]) == 2
-    assert list(recorder.open) == ["fresh"] and not recorder.episodes_path.exists()
+    assert list(recorder.open) == ["fresh"] and recorder.episodes_path.read_bytes() == b""

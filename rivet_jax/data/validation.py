@@ -236,15 +236,27 @@ def _first_problem(value: Any) -> tuple[str, str] | None:
     return None
 
 
-def parse_json(text: str, where: Where) -> Any:
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    raise _NonFinite(name)
+
+
+def parse_json(text: str, where: Where, allow_non_finite: bool = True) -> Any:
     """One JSON value: a JSONL record, or (`where.line` None) a whole document such as the model cards.
 
     Whatever the text, the result is the value or a DataError: invalid JSON, an integer past Python's int-string
     conversion limit and nesting past the decoder's recursion limit on the '<json>' field (a whole document's
-    syntax error at its own line); a repeated key or a lone surrogate on the field where it is.
+    syntax error at its own line); a repeated key or a lone surrogate on the field where it is. NaN and
+    Infinity (which Python's json reads) are refused unless `allow_non_finite`.
     """
     try:
-        value = json.loads(text, object_pairs_hook=_object_noting_repeated_keys)
+        value = json.loads(text, object_pairs_hook=_object_noting_repeated_keys,
+                           **({} if allow_non_finite else {"parse_constant": _refuse_constant}))
+    except _NonFinite as err:
+        raise where.error("<json>", f"invalid JSON: {err} is not a JSON number") from None
     except json.JSONDecodeError as err:
         at = where if where.line is not None else Where(where.path, err.lineno)
         raise at.error("<json>", f"invalid JSON: {err.msg} at column {err.colno}") from None

@@ -6,7 +6,9 @@
     POST /v1/episodes/{session}/outcome    {"outcome": y in [0, 1]} closes the session's episode
 
 Per request: the conversation becomes the router's state (`conversation.read_request`, the training data's reading),
-the session is the `session_header` header, else the `user` field, else a hash of the task; the candidates are the
+the session is the `session_header` header, else the `user` field, else a hash of the task (then the open episode
+whose served turns the history repeats, else a new one: two agents that start alike are two episodes, the
+`x-rivet-session` header names each); the candidates are the
 served models that are not down, within the optional `x-rivet-candidates: a,b` header; Q_route ranks them
 (`policy.choose`, epsilon-greedy); the first is called and, when it faults, the next (at most `max_attempts`). The
 response goes back as the upstream sent it, with headers:
@@ -17,6 +19,21 @@ response goes back as the upstream sent it, with headers:
     x-rivet-failed      the models that faulted first  x-rivet-routing-ms  request in -> first upstream call out
 
 The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends).
+
+What is refused, and how (nothing is routed or recorded; the answer is OpenAI's error shape):
+
+    401  `config.auth_token_env` names a variable holding a token, and the request lacks `Authorization: Bearer` it
+         (chat, outcomes and models; /healthz stays open for load balancers and shows only redacted faults)
+    403  a browser's cross-site request: an `Origin` header outside `config.allowed_origins`
+    415  a body that is not `Content-Type: application/json` (a browser sends text/plain cross-site without asking)
+    413  a body over `config.max_body_bytes`
+    400  not JSON, NaN or Infinity, nesting deeper than `MAX_DEPTH`, a lone surrogate, a repeated key, a session id
+         with control characters or over `MAX_SESSION_CHARS`, or anything `conversation.read_request` refuses
+    503  the log cannot be written (a full disk): the turn is not served, nothing is lost, retry later
+    502  every candidate tried faulted (errors redacted); a started stream that faults ends with an error event
+
+An upstream reply that is not a servable chat completion, or that the recorder would not read back, is the
+backend's fault: it is marked down and the next candidate is tried.
 """
 
 from __future__ import annotations
@@ -25,8 +42,11 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hmac
 import json
+import os
 import time
+import unicodedata
 import urllib.parse
 from collections.abc import AsyncIterator
 
@@ -43,17 +63,21 @@ from starlette.routing import Route
 from rivet_jax.data.converters.common import tokens_and_cost
 from rivet_jax.data.outcomes import check_outcome
 from rivet_jax.data.schema import Turn
-from rivet_jax.data.validation import DataError, Where
+from rivet_jax.data.validation import DataError, Where, parse_json
 from rivet_jax.router import Router
 from rivet_jax.serve.conversation import Conversation, RequestError, read_request, session_id
+from rivet_jax.serve.journal import StorageError
 from rivet_jax.serve.policy import Choice, candidate_names, choose
-from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder
-from rivet_jax.serve.upstream import Backend, Health, Reply, UpstreamFault, complete, open_stream, response_text
+from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder, UnrecordableTurn
+from rivet_jax.serve.upstream import (Backend, Health, Reply, StreamFault, UpstreamFault, complete, open_stream,
+                                      read_at_most, redact, response_text)
 
 __all__ = ["Proxy", "make_app", "serve"]
 
 CANDIDATES_HEADER = "x-rivet-candidates"
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
+MAX_DEPTH = 64          # JSON nesting of a request body (tool schemas nest a few levels; thousands is an attack)
+MAX_SESSION_CHARS = 512
 
 
 @dataclasses.dataclass
@@ -131,9 +155,26 @@ class Proxy:
             size *= 2
 
     def fault(self, name: str, why: str) -> None:
-        """A backend failed a call: down for the cool-off."""
+        """A backend failed a call: down for the cool-off. `why` is shown (log, 502s, /healthz): redacted."""
+        why = redact(why, tuple(backend.key() for backend in self.backends.values()))
         logging.warning("backend %s faulted (%s); down for %g s", name, why, self.config.cooloff_s)
         self.health.mark_down(name, why)
+
+    def refused(self, request: Request) -> Response | None:
+        """The 401/403 answer for a request the proxy must not serve (module docstring), or None."""
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in tuple(self.config.get("allowed_origins", ())):
+            return _error(403, f"cross-origin requests from {origin!r} are refused (config.allowed_origins)",
+                          "permission_error")
+        variable = self.config.get("auth_token_env", "")
+        if variable:
+            token = os.environ.get(variable, "")
+            given = request.headers.get("authorization", "")
+            if not token or not hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                    f"Bearer {token}".encode("utf-8")):
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer <the proxy's token>)",
+                              "authentication_error")
+        return None
 
     async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice,
                      candidates: list[str], session: str, start: float) -> None:
@@ -184,7 +225,8 @@ def make_app(proxy: Proxy) -> Starlette:
               Route("/v1/models", _models, methods=["GET"]),
               Route("/healthz", _healthz, methods=["GET"]),
               Route("/v1/episodes/{session:path}/outcome", _outcome, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: _internal_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={StorageError: _storage_error, Exception: _internal_error})
     app.state.proxy = proxy
     return app
 
@@ -199,12 +241,21 @@ def serve(proxy: Proxy) -> None:
 async def _chat_completions(request: Request) -> Response:
     received = time.perf_counter()
     proxy: Proxy = request.app.state.proxy
+    if (refused := proxy.refused(request)) is not None:
+        return refused
     try:
-        conversation = read_request(await _json(request))
+        conversation = read_request(await _json(request, proxy))
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
+        given = request.headers.get(proxy.config.session_header) or conversation.user
+        session = _checked_session(session_id(conversation, given))
+    except _TooLarge as error:
+        return _error(413, str(error))
+    except _NotJson as error:
+        return _error(415, str(error))
     except RequestError as error:
         return _error(400, str(error))
-    session = session_id(conversation, request.headers.get(proxy.config.session_header))
+    if not given:  # the session is the task's hash: the open episode this history continues, else a fresh one
+        session = proxy.recorder.resolve(session, conversation.task, conversation.history)
     # The feedback this request carries is logged (an fsync) while the router scores: it only has to be on disk
     # before this request's own turn is recorded, which awaits it.
     observed = asyncio.ensure_future(asyncio.to_thread(proxy.recorder.observe, session, conversation.task,
@@ -228,7 +279,7 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         start = time.perf_counter()
         call = open_stream if conversation.stream else complete
         try:
-            reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
+                reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
         except UpstreamFault as fault:
             proxy.fault(name, str(fault))
             failed.append(name)
@@ -241,7 +292,12 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         if conversation.stream:
             return StreamingResponse(_record_when_done(reply, name, proxy, served), headers=headers,
                                      media_type="text/event-stream")
-        await served()
+        try:
+            await served()
+        except UnrecordableTurn as error:
+            proxy.fault(name, str(error))
+            failed.append(name)
+            continue
         return Response(reply.body, status_code=200, headers=headers, media_type="application/json")
     return _error(502, "every candidate tried failed: " + "; ".join(
         f"{name}: {proxy.health.last_fault.get(name)}" for name in failed), "upstream_error")
@@ -249,23 +305,38 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
 
 async def _record_when_done(reply: Reply, name: str, proxy: Proxy, record) -> AsyncIterator[bytes]:
     """The upstream's events, passed on; the last one held back until the turn is recorded (`record()`), so that a
-    client that has read the whole stream finds its turn recorded, as with a plain response."""
+    client that has read the whole stream finds its turn recorded, as with a plain response. A stream that faults,
+    or a turn that cannot be recorded, ends with an error event instead (the client's SDK raises it): a client
+    never takes a cut-short or unrecorded response for a whole one."""
     held = None
     try:
         async for event in reply.events:
             if held is not None:
                 yield held
             held = event
-    except httpx.HTTPError as error:  # broken mid-stream: the client saw part of a response; nothing is recorded
-        proxy.fault(name, f"stream broken: {type(error).__name__} {error}")
+        await record()
+    except (StreamFault, UnrecordableTurn) as error:
+        proxy.fault(name, str(error))
+        yield _error_event(f"the response of {name} failed mid-stream: {redact(str(error))}", "upstream_error")
         return
-    await record()
+    except StorageError as error:
+        logging.warning("a streamed turn could not be recorded: %s", error)
+        yield _error_event(_STORAGE_MESSAGE.format(error=error), "service_unavailable")
+        return
     if held is not None:
         yield held
 
 
+def _error_event(message: str, kind: str) -> bytes:
+    """An SSE event with an error in OpenAI's shape (what its SDKs raise when a stream carries one)."""
+    return ("data: " + json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})
+            + "\n\n").encode("utf-8")
+
+
 async def _models(request: Request) -> Response:
     proxy: Proxy = request.app.state.proxy
+    if (refused := proxy.refused(request)) is not None:
+        return refused
     return JSONResponse({"object": "list", "data": [
         {"id": proxy.config.model_id, "object": "model", "created": 0, "owned_by": "rivet",
          "candidates": list(proxy.backends)}]})
@@ -281,12 +352,18 @@ async def _healthz(request: Request) -> Response:
 
 async def _outcome(request: Request) -> Response:
     proxy: Proxy = request.app.state.proxy
+    if (refused := proxy.refused(request)) is not None:
+        return refused
     session = request.path_params["session"]
     try:
-        body = await _json(request)
+        body = await _json(request, proxy)
         if not isinstance(body, dict) or "outcome" not in body:
             raise RequestError('the body must be {"outcome": <a number in [0, 1]>}')
         outcome = check_outcome(body["outcome"], Where("<request>", None))
+    except _TooLarge as error:
+        return _error(413, str(error))
+    except _NotJson as error:
+        return _error(415, str(error))
     except RequestError as error:
         return _error(400, str(error))
     except DataError as error:
@@ -312,11 +389,59 @@ async def _expire_forever(proxy: Proxy) -> None:
             logging.info("closed %d idle episodes without an outcome", len(expired))
 
 
-async def _json(request: Request):
+class _TooLarge(RequestError):
+    """HTTP 413."""
+
+
+class _NotJson(RequestError):
+    """HTTP 415."""
+
+
+async def _json(request: Request, proxy: Proxy):
+    """The request's JSON body, read within the limits of the module docstring."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise _NotJson(f"the body must be sent as Content-Type: application/json, got {kind or 'none'!r}")
+    limit = int(proxy.config.get("max_body_bytes", 8 << 20))
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge(f"the body is {declared} bytes, over the limit of {limit} (config.max_body_bytes)")
+    data = await read_at_most(request.stream(), limit,
+                              _TooLarge(f"the body is over the limit of {limit} bytes (config.max_body_bytes)"))
     try:
-        return json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise RequestError(f"the request body is not JSON: {error}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(f"the request body is not UTF-8: {error.reason} at byte {error.start}") from None
+    try:
+        body = parse_json(text, Where("<request body>", None), allow_non_finite=False)
+    except DataError as error:
+        raise RequestError(f"the request body is not JSON the proxy reads: {error.why}"
+                           + (f" ({error.field})" if error.field != "<json>" else "")) from None
+    if _depth(body) > MAX_DEPTH:
+        raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels")
+    return body
+
+
+def _depth(value) -> int:
+    """How deeply a parsed JSON value nests (iterative: a deep value must not overflow the stack here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _checked_session(session: str) -> str:
+    """A session id that every route can carry back (the outcome URL, the x-rivet-session header)."""
+    if len(session) > MAX_SESSION_CHARS:
+        raise RequestError(f"the session id has {len(session)} characters, more than {MAX_SESSION_CHARS}")
+    bad = next((c for c in session if unicodedata.category(c)[0] == "C"), None)
+    if bad is not None:
+        raise RequestError(f"the session id holds the control character U+{ord(bad):04X}: give a session id of "
+                           "printable characters (the session header, or the user field)")
+    return session
 
 
 def _requested(header: str | None, proxy: Proxy) -> list[str] | None:
@@ -341,6 +466,15 @@ def _headers(choice: Choice, name: str, session: str, turn: int, failed: list[st
     if failed:
         headers["x-rivet-failed"] = ",".join(failed)
     return headers
+
+
+_STORAGE_MESSAGE = ("the proxy cannot write its log ({error}): nothing of this request was recorded or changed; retry "
+                    "when it has room")
+
+
+async def _storage_error(request: Request, error: Exception) -> Response:
+    logging.error("%s", error)
+    return _error(503, _STORAGE_MESSAGE.format(error=error), "service_unavailable")
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:

@@ -6,7 +6,14 @@ request goes to the next candidate. Any other 4xx is the request's own fault (a 
 returned to the client as the upstream sent it, and not retried elsewhere.
 
 A streamed call counts as started only once its first event has arrived, so a backend that accepts the connection
-and then hangs is passed over like one that refuses it.
+and then hangs is passed over like one that refuses it. After that, a stream that breaks, stalls past the read
+timeout, sends an event that is not a JSON chunk, or ends before its end (no `finish_reason`, no `[DONE]`) raises
+`StreamFault` from its iteration: the client is told by an error event (app.py) and nothing is recorded.
+
+A reply is a chat completion when its message is an object whose `content` is text or null and whose `tool_calls`
+(if any) are objects with a `function`; anything else (content as a JSON object, an empty or non-JSON body, a body
+over `max_bytes`) is the backend's fault. Error bodies are shown (logs, 502 answers, /healthz) only after
+`redact`: the backend's own key and anything shaped like an API key or a bearer token are masked.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -24,10 +32,15 @@ from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.model_pool import ModelPool
 
-__all__ = ["Backend", "BackendConfigError", "backends_from_config", "Health", "UpstreamFault", "Reply",
-           "complete", "open_stream", "response_text"]
+__all__ = ["Backend", "BackendConfigError", "backends_from_config", "Health", "UpstreamFault", "StreamFault", "Reply",
+           "complete", "open_stream", "read_at_most", "response_text", "redact"]
 
 _FAULT_STATUSES = {401, 403, 404, 408, 429}
+MAX_REPLY_BYTES = 32 << 20   # a chat completion is far smaller; more is a faulty backend, not a reply to hold
+# What an API key or a bearer token looks like in an error body that echoes it (OpenAI's sk-..., Anthropic's
+# sk-ant-..., Google's AIza..., any "Bearer <token>" and long hex/base64 runs after "key").
+_SECRET = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}|\b(sk|rk|pk)-[A-Za-z0-9_-]{8,}|\bAIza[0-9A-Za-z_-]{20,}"
+                     r"|((?:api[_-]?key|key|token|secret)[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/=-]{12,}")
 
 
 class BackendConfigError(ConfigError):
@@ -36,6 +49,18 @@ class BackendConfigError(ConfigError):
 
 class UpstreamFault(Exception):
     """A backend failed a call (module docstring): it is marked down and the next candidate is tried."""
+
+
+class StreamFault(UpstreamFault):
+    """A started stream failed (module docstring): the backend is marked down and the client gets an error event."""
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` with each of `secrets` (the configured keys) and anything shaped like a key or token masked."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return _SECRET.sub(lambda m: (m.group(1) or m.group(4) or "") + "[redacted]", text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,24 +75,36 @@ class Backend:
         return self.base_url.rstrip("/") + "/chat/completions"
 
     def headers(self) -> dict[str, str]:
-        key = os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+        key = self.key()
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    def key(self) -> str:
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
 
-def backends_from_config(backends: Mapping[str, Mapping[str, Any]], pool: ModelPool) -> dict[str, Backend]:
-    """The configured backends, in pool order; BackendConfigError for a name outside the pool, a missing field or
-    an API-key variable that is not set. Pool models without a backend are simply never candidates."""
+
+def backends_from_config(backends: Mapping[str, Mapping[str, Any]] | None, pool: ModelPool) -> dict[str, Backend]:
+    """The configured backends ({pool model: {base_url, model, api_key_env}}), in pool order; BackendConfigError for
+    a name outside the pool, a missing field or an API-key variable that is not set. Pool models without a backend
+    are simply never candidates."""
     if not backends:
-        raise BackendConfigError(f"no backends configured: give config.backends.<pool model> = {{base_url, model, "
-                                 f"api_key_env}} for some of {list(pool.names)}")
-    unknown = [name for name in backends if name not in pool]
+        raise BackendConfigError(f"no backends configured: give config.backends = {{<pool model>: {{base_url, model, "
+                                 f"api_key_env}}}} for some of {list(pool.names)}")
+    if not isinstance(backends, Mapping):
+        raise BackendConfigError(f"config.backends must map pool models to {{base_url, model, api_key_env}}, got "
+                                 f"{type(backends).__name__}")
+    entries = [(str(name), dict(spec) if isinstance(spec, Mapping) else spec) for name, spec in backends.items()]
+    names = [name for name, _ in entries]
+    unknown = [name for name in names if name not in pool]
     if unknown:
         raise BackendConfigError(f"backends {unknown} are not models of the router's pool {list(pool.names)}")
+    given = dict(entries)
     out = {}
     for name in pool.names:
-        if name not in backends:
+        if name not in given:
             continue
-        spec = dict(backends[name])
+        spec = given[name]
+        if not isinstance(spec, dict):
+            raise BackendConfigError(f"backend {name!r}: expected {{base_url, model, api_key_env}}, got {spec!r}")
         missing = [key for key in ("base_url", "model") if not spec.get(key)]
         extra = sorted(set(spec) - {"base_url", "model", "api_key_env"})
         if missing or extra:
@@ -119,19 +156,61 @@ class Reply:
 
 async def complete(client: httpx.AsyncClient, backend: Backend, body: dict) -> Reply:
     """One non-streamed call; UpstreamFault on a fault of the backend."""
+    request = client.build_request("POST", backend.url, json={**body, "model": backend.model},
+                                   headers=backend.headers())
     try:
-        response = await client.post(backend.url, json={**body, "model": backend.model}, headers=backend.headers())
+        response = await client.send(request, stream=True)
+        try:
+            content = await read_at_most(response.aiter_bytes(), MAX_REPLY_BYTES, _reply_limit())
+        finally:
+            await response.aclose()
     except httpx.HTTPError as error:
         raise UpstreamFault(f"{type(error).__name__}: {error}") from None
-    _check_status(response.status_code, response.content)
+    _check_status(response.status_code, content, backend)
     if response.status_code != 200:
-        return Reply(response.status_code, body=response.content)
+        return Reply(response.status_code, body=content)
     try:
-        data = response.json()
+        data = json.loads(content)
         message = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise UpstreamFault(f"HTTP 200 but not a chat completion: {response.content[:200]!r}") from None
-    return Reply(200, body=response.content, message=message, usage=data.get("usage"))
+        raise UpstreamFault(f"HTTP 200 but not a chat completion: {_shown(content, backend)}") from None
+    why = _not_a_message(message)
+    if why:
+        raise UpstreamFault(f"HTTP 200 but not a chat completion: {why}")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else None
+    return Reply(200, body=content, message=message, usage=usage)
+
+
+async def read_at_most(chunks: AsyncIterator[bytes], max_bytes: int, too_large: Exception) -> bytes:
+    """The bytes of `chunks` (a body as it arrives), raising `too_large` as soon as they pass `max_bytes`: a body
+    is never held whole before its size is known."""
+    parts, size = [], 0
+    async for part in chunks:
+        size += len(part)
+        if size > max_bytes:
+            raise too_large
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _reply_limit() -> UpstreamFault:
+    return UpstreamFault(f"the reply is larger than {MAX_REPLY_BYTES} bytes")
+
+
+def _not_a_message(message) -> str | None:
+    """Why an assistant message is not one the proxy can serve and record, or None."""
+    if not isinstance(message, dict):
+        return f"the message is {type(message).__name__}, not an object"
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        return f"its content is {type(content).__name__}, not text"
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)):
+        return "its tool_calls are not a list of calls with a function"
+    if content is None and not calls and not isinstance(message.get("refusal"), str):
+        return "it has no content, tool calls or refusal"
+    return None
 
 
 async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict) -> Reply:
@@ -148,9 +227,13 @@ async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict) -
     except httpx.HTTPError as error:
         raise UpstreamFault(f"{type(error).__name__}: {error}") from None
     if response.status_code != 200:
-        content = await response.aread()
-        await response.aclose()
-        _check_status(response.status_code, content)
+        try:
+            content = await read_at_most(response.aiter_bytes(), MAX_REPLY_BYTES, _reply_limit())
+        except httpx.HTTPError as error:
+            raise UpstreamFault(f"{type(error).__name__}: {error}") from None
+        finally:
+            await response.aclose()
+        _check_status(response.status_code, content, backend)
         return Reply(response.status_code, body=content)
     reply = Reply(200, message={"role": "assistant", "content": None}, usage=None)
     events = _events(response)
@@ -159,6 +242,9 @@ async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict) -
     except (httpx.HTTPError, StopAsyncIteration) as error:
         await response.aclose()
         raise UpstreamFault(f"the stream ended before its first event: {type(error).__name__} {error}") from None
+    if _chunk(first) is None and _data(first) != "[DONE]":
+        await response.aclose()
+        raise UpstreamFault(f"the stream's first event is not a chat completion chunk: {_data(first)[:200]!r}")
     reply.events = _forward(first, events, reply, client_wants_usage, response)
     return reply
 
@@ -169,9 +255,14 @@ def response_text(message: Mapping[str, Any]) -> str:
     return routing_state([{"role": "user", "content": ""}, {"role": "assistant", **kept}])[1][0]["response"]
 
 
-def _check_status(status: int, content: bytes) -> None:
+def _check_status(status: int, content: bytes, backend: Backend) -> None:
     if status in _FAULT_STATUSES or status >= 500:
-        raise UpstreamFault(f"HTTP {status}: {content[:200].decode('utf-8', 'replace')}")
+        raise UpstreamFault(f"HTTP {status}: {_shown(content, backend)}")
+
+
+def _shown(content: bytes, backend: Backend) -> str:
+    """The start of a body, as logs and answers may show it (redacted)."""
+    return redact(content[:200].decode("utf-8", "replace"), (backend.key(),))
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[list[str]]:
@@ -189,8 +280,10 @@ async def _events(response: httpx.Response) -> AsyncIterator[list[str]]:
 
 async def _forward(first: list[str], events: AsyncIterator[list[str]], reply: Reply, client_wants_usage: bool,
                    response: httpx.Response) -> AsyncIterator[bytes]:
-    """The events as bytes for the client, each read on the way into `reply` (the message and the usage)."""
+    """The events as bytes for the client, each read on the way into `reply` (the message and the usage);
+    StreamFault when the stream breaks, carries a malformed event or ends before its end (module docstring)."""
     calls: dict[int, dict] = {}
+    finished = False
 
     async def all_events():
         yield first
@@ -199,22 +292,35 @@ async def _forward(first: list[str], events: AsyncIterator[list[str]], reply: Re
 
     try:
         async for lines in all_events():
-            chunk = _chunk(lines)
-            if chunk is not None:
-                if chunk.get("usage"):
+            data = _data(lines)
+            if data == "[DONE]":
+                finished = True
+            elif data:
+                chunk = _chunk(lines)
+                if chunk is None:
+                    raise StreamFault(f"a stream event is not a JSON chunk: {data[:200]!r}")
+                if isinstance(chunk.get("usage"), dict):
                     reply.usage = chunk["usage"]
-                _read_delta(chunk, reply.message, calls)
+                finished |= _read_delta(chunk, reply.message, calls)
                 if not chunk.get("choices") and chunk.get("usage") and not client_wants_usage:
                     continue
             yield ("\n".join(lines) + "\n\n").encode("utf-8")
+        if not finished:
+            raise StreamFault("the stream ended before its end (no finish_reason, no [DONE])")
+    except httpx.HTTPError as error:
+        raise StreamFault(f"the stream broke: {type(error).__name__} {error}") from None
     finally:
         await response.aclose()
         if calls:
             reply.message["tool_calls"] = [calls[i] for i in sorted(calls)]
 
 
+def _data(lines: list[str]) -> str:
+    return "\n".join(line[5:].lstrip() for line in lines if line.startswith("data:"))
+
+
 def _chunk(lines: list[str]) -> dict | None:
-    data = "\n".join(line[5:].lstrip() for line in lines if line.startswith("data:"))
+    data = _data(lines)
     if not data or data == "[DONE]":
         return None
     try:
@@ -224,16 +330,29 @@ def _chunk(lines: list[str]) -> dict | None:
     return chunk if isinstance(chunk, dict) else None
 
 
-def _read_delta(chunk: dict, message: dict, calls: dict[int, dict]) -> None:
-    """Adds a chunk's delta (content pieces, tool-call pieces by index) to the message being assembled."""
-    for choice in chunk.get("choices") or []:
+def _read_delta(chunk: dict, message: dict, calls: dict[int, dict]) -> bool:
+    """Adds a chunk's delta (content pieces, tool-call pieces by index) to the message being assembled; whether a
+    choice finished. StreamFault for a delta whose pieces are not text."""
+    finished = False
+    choices = chunk.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise StreamFault("a stream chunk's choices are not a list of objects")
+    for choice in choices:
+        finished |= bool(choice.get("finish_reason"))
         delta = choice.get("delta") or {}
+        if not isinstance(delta, dict) or not isinstance(delta.get("content") or "", str):
+            raise StreamFault("a stream chunk's delta content is not text")
         if delta.get("content"):
             message["content"] = (message["content"] or "") + delta["content"]
         for piece in delta.get("tool_calls") or []:
+            if not isinstance(piece, dict) or not isinstance(piece.get("function") or {}, dict):
+                raise StreamFault("a stream chunk's tool call is not an object with a function")
             call = calls.setdefault(piece.get("index", 0), {"id": "", "type": "function",
                                                             "function": {"name": "", "arguments": ""}})
             call["id"] = piece.get("id") or call["id"]
             function = piece.get("function") or {}
+            if not isinstance(function.get("name") or "", str) or not isinstance(function.get("arguments") or "", str):
+                raise StreamFault("a stream chunk's tool call is not text")
             call["function"]["name"] += function.get("name") or ""
             call["function"]["arguments"] += function.get("arguments") or ""
+    return finished
