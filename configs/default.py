@@ -36,6 +36,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Held out from training, by task (data/splits.py; the split is written to <workdir>/splits.json and kept):
     # validation chooses, test reports (launch.evaluate_logs). 0 and 0: train on every task.
     config.data.holdout = ml_collections.ConfigDict({"validation": 0.1, "test": 0.1, "seed": 0})
+    # Retraining on grown logs: an earlier workdir's splits.json, whose tasks keep their split (new ones are drawn
+    # by their hash; data/splits.py), so the old test tasks stay in test.
+    config.data.holdout.extend = ""
     config.data.embedding_cache = ""  # frozen-encoder cache directory; empty = <workdir>/embeddings
     # True: the embedding table is a memory-mapped file (<embedding cache>/tables/) that batches are gathered from
     # on the host, so a corpus larger than memory trains. Multi-host runs always feed batches from the host.

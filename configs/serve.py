@@ -29,6 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.logdir = ""                  # where the turns are recorded ("": <workdir>/serve)
     config.model_id = "rivet"           # the model name GET /v1/models lists (a request's `model` is not read)
     config.session_header = "x-rivet-session"
+    config.task_family = ""             # recorded episodes' task family, unless a request's x-rivet-task-family says
     config.epsilon = 0.0                # per-turn exploration: a uniformly random candidate with this probability
     config.seed = 0                     # of the exploration draws
     # Where Q_route is computed: "auto" (on the event loop for the hashing encoder, whose ~1 ms holds the GIL

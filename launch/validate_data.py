@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from rivet_jax.data import schema
+from rivet_jax.data.files import episode_paths
 
-_EPISODES = flags.DEFINE_string("episodes", None, "JSONL episode file to validate.")
+_EPISODES = flags.DEFINE_string("episodes", None, "JSONL episode file(s) to validate: a path, several separated by "
+                                                  "commas, or a glob.")
 _CARDS = flags.DEFINE_string("cards", None, "Model-card JSON file defining the pool.")
 _SKIP_INVALID = flags.DEFINE_bool(
     "skip_invalid", False, "List bad lines and keep going instead of stopping at the first."
@@ -53,7 +55,7 @@ def main(argv: Sequence[str]) -> int:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     try:
         pool = schema.read_model_cards(_CARDS.value)
-        ep_file = schema.read_episodes(_EPISODES.value, pool, skip_invalid=_SKIP_INVALID.value,
+        ep_file = schema.read_episodes(episode_paths(_EPISODES.value), pool, skip_invalid=_SKIP_INVALID.value,
                                        max_skipped_fraction=_MAX_SKIPPED.value)
     except schema.DataError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -23,6 +23,7 @@ from absl import logging
 from rivet_jax import sharding
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.cards import card_features
+from rivet_jax.data.files import episode_paths
 from rivet_jax.data.replay import Batch, Replay, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, manifest_for
@@ -96,13 +97,14 @@ class PreparedData:
     digest: dict[str, str] | None = None  # sha256 of the episodes and cards files (`run_identity.corpus_digest`)
 
 
-def corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
-    """The configured logs, or (`config.data.demo`) the RouteSim demo corpus collected once into the workdir."""
+def corpus_paths(config, workdir: Path) -> tuple[list[Path], Path]:
+    """The configured logs (`config.data.episodes`: one file, several separated by commas, or a glob), or
+    (`config.data.demo`) the RouteSim demo corpus collected once into the workdir."""
     if config.data.episodes:
         if not config.data.cards:
             raise ConfigError("config.data.episodes is set but config.data.cards is not: "
                               "name the pool's model_cards.json")
-        return Path(config.data.episodes), Path(config.data.cards)
+        return [Path(p) for p in episode_paths(config.data.episodes)], Path(config.data.cards)
     if not config.data.demo:
         raise NoCorpusError("no logs to train on: pass --config.data.episodes=FILE.jsonl --config.data.cards="
                             "CARDS.json, or --config.data.demo=True for a small RouteSim demo corpus")
@@ -111,15 +113,15 @@ def corpus_paths(config, workdir: Path) -> tuple[Path, Path]:
         logging.info("Collecting the RouteSim demo corpus (%d training tasks x 7 logging policies) into %s",
                      config.data.demo_tasks, directory)
         collect.write_demo_corpus(directory, config.data.demo_tasks, config.data.demo_seed)
-    return directory / collect.EPISODES_FILE, directory / collect.CARDS_FILE
+    return [directory / collect.EPISODES_FILE], directory / collect.CARDS_FILE
 
 
 def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> PreparedData:
     """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir)."""
     workdir = Path(workdir)
-    episodes_path, cards_path = corpus_paths(config, workdir)
+    episode_files, cards_path = corpus_paths(config, workdir)
     pool = read_model_cards(cards_path)
-    episode_file = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid,
+    episode_file = read_episodes(episode_files, pool, skip_invalid=config.data.skip_invalid,
                                  max_skipped_fraction=config.data.max_skipped_fraction)
     for error in episode_file.skipped:
         logging.warning("skipped: %s", error)
@@ -144,7 +146,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                  time.perf_counter() - started, how)
     data = make_train_data(replay, embeddings, pool, on_host=host_fed)
     return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
-                        skipped=len(episode_file.skipped), digest=corpus_digest(episodes_path, cards_path))
+                        skipped=len(episode_file.skipped), digest=corpus_digest(episode_files, cards_path))
 
 
 def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:
@@ -153,7 +155,8 @@ def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Ep
     holdout = config.data.holdout
     if not (holdout.validation or holdout.test):
         return episodes
-    splits = manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed)
+    splits = manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed,
+                          holdout.get("extend", ""))
     logging.info("Task-level split (%s): %s tasks; training on the first", workdir / MANIFEST,
                  " / ".join(f"{len(splits[name])} {name}" for name in SPLITS))
     return episodes_of(episodes, splits["train"])

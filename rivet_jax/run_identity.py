@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from rivet_jax.settings import EPOCHS, ONLINE, RUN, resume_kind
@@ -60,9 +61,12 @@ def file_digest(path: str | os.PathLike) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def corpus_digest(episodes: str | os.PathLike, cards: str | os.PathLike) -> dict[str, str]:
-    """What a checkpoint records of the logs it was trained on."""
-    return {"episodes": file_digest(episodes), "cards": file_digest(cards)}
+def corpus_digest(episodes: Sequence[str | os.PathLike], cards: str | os.PathLike) -> dict[str, str]:
+    """What a checkpoint records of the logs it was trained on (several episode files: the digest of their
+    digests in order; one: its own, as before)."""
+    digests = [file_digest(path) for path in episodes]
+    joined = digests[0] if len(digests) == 1 else hashlib.sha256(",".join(digests).encode()).hexdigest()
+    return {"episodes": joined, "cards": file_digest(cards)}
 
 
 def is_identity(key: str, stage: str, resuming: bool) -> bool:

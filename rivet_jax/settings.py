@@ -81,7 +81,8 @@ SETTINGS: dict[str, Setting] = {
                             at_least(-1), "an integer >= -1 (-1: by platform, 0: all)", per_run=True),
     "max_state_tokens": Setting("the serialization budget of a state (App. B.3)", *_INT1, RUN),
     # data
-    "data.episodes": Setting("the trajectory JSONL to train on (compared by content on resume, not by path)"),
+    "data.episodes": Setting("the trajectory JSONL to train on: a path, several separated by commas, or a glob "
+                             "(compared by content on resume, not by path)"),
     "data.cards": Setting("the pool's model_cards.json (compared by content on resume, not by path)"),
     "data.skip_invalid": Setting("skip and count malformed records instead of stopping", resume=RUN),
     "data.max_skipped_fraction": Setting("skip mode fails when more of the records than this are bad",
@@ -90,6 +91,8 @@ SETTINGS: dict[str, Setting] = {
                                        *_FRACTION, RUN),
     "data.holdout.test": Setting("share of the tasks held out to test", *_FRACTION, RUN),
     "data.holdout.seed": Setting("the draw of the held-out tasks", is_integer, "an integer", RUN),
+    "data.holdout.extend": Setting("an earlier workdir's splits.json: its tasks keep their split, new ones are "
+                                   "drawn by their hash ('' = a fresh split)", resume=RUN),
     "data.embedding_cache": Setting("frozen-encoder cache directory ('' = <workdir>/embeddings)", per_run=True),
     "data.embeddings_on_disk": Setting("the embedding table memory-mapped, batches gathered on the host"),
     "data.host_chunk_steps": Setting("host-fed training: batches gathered and run per jit call", *_INT1),

@@ -469,3 +469,25 @@ def test_launcher_exit_codes(tmp_path, good_file, pool):
     assert skipping.returncode == 0, skipping.stderr
     assert "skipped lines:  1" in skipping.stdout
     assert f"{good_file}:2: field 'turns[0].cost'" in skipping.stdout
+
+
+def test_several_episode_files_read_as_one_corpus_with_ids_unique_across_them(tmp_path):
+    from rivet_jax.data.files import episode_paths
+
+    pool = make_pool()
+    write_episodes(tmp_path / "a.jsonl", [make_episode(0), make_episode(1)])
+    write_episodes(tmp_path / "b.jsonl", [make_episode(2)])
+    assert episode_paths(f"{tmp_path}/a.jsonl, {tmp_path}/b.jsonl") == [f"{tmp_path}/a.jsonl", f"{tmp_path}/b.jsonl"]
+    assert episode_paths(f"{tmp_path}/*.jsonl") == [f"{tmp_path}/a.jsonl", f"{tmp_path}/b.jsonl"]
+    both = read_episodes(episode_paths(f"{tmp_path}/*.jsonl"), pool)
+    assert [e.episode_id for e in both.episodes] == ["ep-0", "ep-1", "ep-2"]
+    with pytest.raises(DataError, match="no file matches"):
+        episode_paths(f"{tmp_path}/none-*.jsonl")
+    write_episodes(tmp_path / "c.jsonl", [make_episode(1), make_episode(3)])   # ep-1 again, in another file
+    with pytest.raises(DataError) as raised:
+        read_episodes([tmp_path / "a.jsonl", tmp_path / "c.jsonl"], pool)
+    assert raised.value.path == str(tmp_path / "c.jsonl") and raised.value.line == 1
+    assert f"first on {tmp_path / 'a.jsonl'}:2" in str(raised.value)
+    skipped = read_episodes([tmp_path / "a.jsonl", tmp_path / "c.jsonl"], pool, skip_invalid=True,
+                            max_skipped_fraction=1.0)
+    assert [e.episode_id for e in skipped.episodes] == ["ep-0", "ep-1", "ep-3"] and len(skipped.skipped) == 1

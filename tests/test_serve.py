@@ -21,12 +21,14 @@ from configs import default, serve
 from rivet_jax import train
 from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.schema import read_episodes, write_model_cards
+from rivet_jax.data.splits import hashed_split
 from rivet_jax.router import Router
 from rivet_jax.serve.app import Proxy, make_app
 from rivet_jax.serve.conversation import converter_messages
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from rivet_jax.serve.fake import COMPLETION_TOKENS, ServerThread, answer, fake_upstream, free_port
+from tests.common import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]
 SERVED = ("apex-flash", "llama-70b", "quill-9b")   # three of the demo pool's six models have a backend
@@ -278,6 +280,61 @@ def test_the_recorded_file_validates_and_trains(proxy, router, tmp_path):
     state = train.train(config, tmp_path / "retrained")
     assert int(state.step) > 0
     assert Router.from_checkpoint(tmp_path / "retrained").pool.names == router.pool.names
+
+
+@pytest.mark.slow
+def test_serve_record_retrain_serve_on_old_and_new_logs_keeps_the_old_test_tasks_in_test(upstreams, tmp_path):
+    """serve -> record -> outcome -> retrain -> serve: the retrained run reads the old logs and the served episodes
+    together (two files) and extends the old run's split, so every old task keeps its split (the old test tasks
+    stay in test) and each served task joins the split its hash draws; served episodes carry their task family."""
+    servers, modes = upstreams
+    for mode in modes.values():
+        mode.clear()
+    old = tmp_path / "old"
+    holdout = {"data.holdout.validation": 0.3, "data.holdout.test": 0.3, "stage": "offline", "mc_epochs": 1,
+               "td_epochs": 1}
+    train.train(tiny_config(**holdout, **{"data.demo_tasks": 20}), old)
+    old_split = json.loads((old / "splits.json").read_text())
+    assert old_split["test"] and old_split["validation"]
+
+    def serve_some(workdir, logdir, tasks):
+        router = Router.from_checkpoint(workdir)
+        backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in SERVED}
+        proxy = Proxy(router, backends, Recorder(logdir, router.pool), serve_config())
+        with ServerThread(make_app(proxy)) as server:
+            for k, task in enumerate(tasks):
+                headers = {"x-rivet-session": f"new-{k}", **({"x-rivet-task-family": "served"} if k % 2 else {})}
+                messages = [{"role": "user", "content": task}]
+                for turn in range(2):
+                    reply = client(server.url).chat.completions.create(model="rivet", messages=messages,
+                                                                       extra_headers=headers)
+                    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "user", "content": f"result {turn}"}]
+                closed = httpx.post(f"{server.url}/v1/episodes/new-{k}/outcome", json={"outcome": k % 2})
+                assert closed.status_code == 200, closed.text
+        proxy.recorder.close_files()
+        return proxy.recorder.episodes_path
+
+    tasks = [f"New task {k}: find the population of city number {k}." for k in range(8)]
+    served = serve_some(old, tmp_path / "log", tasks)
+    recorded = read_episodes(served, Router.from_checkpoint(old).pool).episodes
+    assert [e.task.family for e in recorded] == [None, "served"] * 4 and all(len(e.turns) == 2 for e in recorded)
+
+    old_logs, cards = old / "data" / "episodes.jsonl", old / "data" / "model_cards.json"
+    config = default.get_config("tiny")
+    config.update_from_flattened_dict({**holdout, "data.episodes": f"{old_logs},{served}", "data.cards": str(cards),
+                                       "data.holdout.extend": str(old / "splits.json")})
+    new = tmp_path / "new"
+    train.train(config, new)
+    new_split = json.loads((new / "splits.json").read_text())
+    assert new_split["extended_from"] == str(old / "splits.json")
+    for name in ("train", "validation", "test"):
+        assert set(old_split[name]) <= set(new_split[name]), name        # no old task moved
+    for episode in recorded:
+        drawn = hashed_split(episode.task.id, 0.3, 0.3, config.data.holdout.seed)
+        assert [name for name in ("train", "validation", "test") if episode.task.id in new_split[name]] == [drawn]
+    # and the retrained router serves
+    assert serve_some(new, tmp_path / "log2", tasks[:1]).exists()
 
 
 def test_a_killed_proxy_restarts_with_every_recorded_turn(workdir, upstreams, tmp_path):

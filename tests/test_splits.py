@@ -8,7 +8,7 @@ from configs import default
 from rivet_jax.config_checks import ConfigError, config_problems
 from rivet_jax.corpus import prepare_data
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.data.splits import MANIFEST, manifest_for, split_tasks
+from rivet_jax.data.splits import MANIFEST, hashed_split, manifest_for, split_tasks
 from rivet_jax.experiments.common import with_overrides
 
 
@@ -46,6 +46,25 @@ def test_the_manifest_is_kept_and_guarded(tmp_path):
         manifest_for(tmp_path, _logs(), 0.3, 0.2, seed=0)
     with pytest.raises(ConfigError, match="does not cover 1 task"):
         manifest_for(tmp_path, _logs() + [_episode("new", "a")], 0.2, 0.2, seed=0)
+
+
+def test_grown_logs_extend_an_earlier_split_without_moving_any_old_task(tmp_path):
+    old = manifest_for(tmp_path / "old", _logs(), 0.2, 0.2, seed=0)
+    # the served episodes: 200 new tasks without a family, and the old tasks again (they must not move, although
+    # these new episodes would change every family's draw)
+    grown = _logs() + [_episode(f"n{i}", None) for i in range(200)] + [_episode(t, None, "m3") for t in old["test"]]
+    new = manifest_for(tmp_path / "new", grown, 0.2, 0.2, seed=0, extend=tmp_path / "old" / MANIFEST)
+    for name in old:
+        assert set(old[name]) <= set(new[name])
+    for i in range(200):  # each new task where its hash draws it, whatever else arrived with it
+        assert f"n{i}" in new[hashed_split(f"n{i}", 0.2, 0.2, 0)]
+    shares = {name: sum(t.startswith("n") for t in new[name]) / 200 for name in new}
+    assert abs(shares["test"] - 0.2) < 0.08 and abs(shares["validation"] - 0.2) < 0.08
+    assert json.loads((tmp_path / "new" / MANIFEST).read_text())["extended_from"] == str(tmp_path / "old" / MANIFEST)
+    assert manifest_for(tmp_path / "new", grown, 0.2, 0.2, seed=0) == new    # kept on resume
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="is not a task split"):
+        manifest_for(tmp_path / "other", grown, 0.2, 0.2, seed=0, extend=tmp_path / "bad.json")
 
 
 def test_training_reads_only_the_training_tasks(tmp_path):

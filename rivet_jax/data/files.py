@@ -6,6 +6,7 @@ non-UTF-8 line or a half-written output is reported (or avoided) the same way ev
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -13,9 +14,29 @@ from typing import Any
 
 from rivet_jax.data.validation import DataError, Where, parse_json
 
-__all__ = ["PathLike", "open_error", "numbered_lines", "decode_line", "read_json_document", "atomic_write_text"]
+__all__ = ["PathLike", "open_error", "numbered_lines", "decode_line", "read_json_document", "atomic_write_text",
+           "episode_paths"]
 
 PathLike = str | os.PathLike
+
+
+def episode_paths(spec: str) -> list[str]:
+    """The episode files a setting names: one path, several separated by commas, or glob patterns (`logs/*.jsonl`,
+    sorted), in the order given; a pattern that matches no file is a DataError naming it."""
+    paths: list[str] = []
+    for part in (p.strip() for p in str(spec).split(",")):
+        if not part:
+            continue
+        if glob.has_magic(part):
+            matched = sorted(glob.glob(part))
+            if not matched:
+                raise DataError(part, None, "<file>", "no file matches this pattern")
+            paths += matched
+        else:
+            paths.append(part)
+    if not paths:
+        raise DataError(str(spec), None, "<file>", "no episode file named")
+    return paths
 
 
 def open_error(path: str, err: OSError) -> DataError:

@@ -33,7 +33,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rivet_jax.data.files import PathLike, atomic_write_text, decode_line, numbered_lines
@@ -250,43 +250,50 @@ class EpisodeFile:
 
 
 def read_episodes(
-    path: PathLike, pool: ModelPool, *, skip_invalid: bool = False, max_skipped_fraction: float = 0.1
+    path: PathLike | Sequence[PathLike], pool: ModelPool, *, skip_invalid: bool = False,
+    max_skipped_fraction: float = 0.1,
 ) -> EpisodeFile:
-    """Read a JSONL episode file, validating every record against `pool`.
+    """Read a JSONL episode file, or several in order as one corpus (`data.files.episode_paths` reads a list or a
+    glob), validating every record against `pool`.
 
     By default the first bad record raises. With skip_invalid=True every bad line's DataError is collected in
-    `skipped` and all valid records are kept; of duplicate episode_ids the first occurrence is kept. Skipping has a
-    limit: when more than `max_skipped_fraction` of the records (non-blank lines) are bad the file is refused, since
+    `skipped` and all valid records are kept; of duplicate episode_ids the first occurrence is kept (ids are unique
+    across the files too: served episodes added to older logs must not repeat one). Skipping has a limit, per file:
+    when more than `max_skipped_fraction` of a file's records (non-blank lines) are bad the file is refused, since
     a corpus that mostly fails to parse is a wrong file or a broken exporter, not a few corrupt lines. A file
     without a single episode is refused either way.
     """
     if not 0.0 <= max_skipped_fraction <= 1.0:
         raise ValueError(f"max_skipped_fraction must be in [0, 1], got {max_skipped_fraction}")
-    path_str = os.fspath(path)
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise DataError("<episodes>", None, "<file>", "no episode files given")
     episodes: list[Episode] = []
     skipped: list[DataError] = []
-    first_line_of_id: dict[str, int] = {}
-    for where, raw in numbered_lines(path_str):
-        try:
-            text = decode_line(raw, where)
-            if not text.strip():
+    first_of_id: dict[str, str] = {}  # episode id -> "file:line" where it first appeared
+    for one in paths:
+        path_str = os.fspath(one)
+        kept, dropped = len(episodes), len(skipped)
+        for where, raw in numbered_lines(path_str):
+            try:
+                text = decode_line(raw, where)
+                if not text.strip():
+                    continue
+                record = parse_json(text, where)
+                episode = Episode.from_json(record, pool, path=path_str, line=where.line)
+                first = first_of_id.get(episode.episode_id)
+                if first is not None:
+                    first = first.removeprefix(f"{path_str}:")
+                    raise where.error("episode_id", f"duplicate episode_id '{episode.episode_id}' (first on "
+                                                    f"{'line ' if ':' not in first else ''}{first})")
+            except DataError as err:
+                if not skip_invalid:
+                    raise
+                skipped.append(err)
                 continue
-            record = parse_json(text, where)
-            episode = Episode.from_json(record, pool, path=path_str, line=where.line)
-            first = first_line_of_id.get(episode.episode_id)
-            if first is not None:
-                raise where.error(
-                    "episode_id",
-                    f"duplicate episode_id '{episode.episode_id}' (first on line {first})",
-                )
-        except DataError as err:
-            if not skip_invalid:
-                raise
-            skipped.append(err)
-            continue
-        first_line_of_id[episode.episode_id] = where.line
-        episodes.append(episode)
-    _check_enough_read(path_str, len(episodes), skipped, max_skipped_fraction)
+            first_of_id[episode.episode_id] = f"{path_str}:{where.line}"
+            episodes.append(episode)
+        _check_enough_read(path_str, len(episodes) - kept, skipped[dropped:], max_skipped_fraction)
     return EpisodeFile(episodes=episodes, skipped=skipped)
 
 

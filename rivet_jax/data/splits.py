@@ -5,10 +5,16 @@ router that memorised a task's text would look better on "held-out" logs than it
 drawn per `task.family` (tasks without a family form one stratum) so that a rare family is not left out of a split
 by chance, and seeded. The manifest (`<workdir>/splits.json`) fixes the split for every later run and stage of that
 workdir, and tells `launch.evaluate_logs` which episodes were held out.
+
+Logs grow (serve -> record -> retrain): a new workdir trained on old and new logs together extends the old split
+(`config.data.holdout.extend` = the old workdir's splits.json). Every old task keeps its split, whatever families the
+new episodes carry, so the old test tasks stay in test; each new task is drawn by its own hash (`hashed_split`), so
+its split depends on nothing but its id and the seed, and never moves when yet more logs arrive.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import defaultdict
@@ -46,10 +52,39 @@ def split_tasks(episodes: Sequence[Episode], validation: float, test: float, see
     return {name: sorted(ids) for name, ids in out.items()}
 
 
-def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], validation: float, test: float,
+def hashed_split(task_id: str, validation: float, test: float, seed: int) -> str:
+    """The split of one new task: a uniform draw in [0, 1) from its id's hash (test below `test`, validation below
+    `test + validation`, else train)."""
+    u = int(hashlib.sha256(f"{seed}:{task_id}".encode("utf-8")).hexdigest()[:15], 16) / 16 ** 15
+    return "test" if u < test else "validation" if u < test + validation else "train"
+
+
+def extend_split(saved: dict[str, list[str]], episodes: Sequence[Episode], validation: float, test: float,
                  seed: int) -> dict[str, list[str]]:
+    """`saved` with these episodes' new tasks added, each by `hashed_split`; every saved task stays where it was."""
+    out = {name: list(saved[name]) for name in SPLITS}
+    known = {task for name in SPLITS for task in saved[name]}
+    for task in sorted({e.task.id for e in episodes} - known):
+        out[hashed_split(task, validation, test, seed)].append(task)
+    return {name: sorted(ids) for name, ids in out.items()}
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """A splits.json as written here; ConfigError when it is not one."""
+    try:
+        saved = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not all(isinstance(saved[name], list) for name in SPLITS):
+            raise KeyError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{path} is not a task split (a splits.json with {', '.join(SPLITS)} lists)") from None
+    return saved
+
+
+def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], validation: float, test: float,
+                 seed: int, extend: str | os.PathLike = "") -> dict[str, list[str]]:
     """The workdir's split: read from its manifest when one exists (it must be for the same fractions and seed,
-    and cover these episodes' tasks), else drawn by `split_tasks` and written there."""
+    and cover these episodes' tasks); else `extend`'s split (an earlier workdir's splits.json) with the new tasks
+    added (`extend_split`), or a fresh draw by `split_tasks`; written there."""
     path = Path(workdir) / MANIFEST
     settings = {"validation": validation, "test": test, "seed": seed}
     if path.exists():
@@ -61,10 +96,17 @@ def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], valida
         new = sorted({e.task.id for e in episodes} - known)
         if new:
             raise ConfigError(f"{path} does not cover {len(new)} task(s) of these logs (e.g. {new[:3]}): the logs "
-                             f"changed since it was drawn; use a new workdir")
+                             f"changed since it was drawn; train a new workdir with "
+                             f"--config.data.holdout.extend={path} (old tasks keep their split)")
         return {name: saved[name] for name in SPLITS}
-    splits = split_tasks(episodes, validation, test, seed)
-    atomic_write_text(path, json.dumps({"settings": settings, **splits}, indent=1) + "\n")
+    origin = {}
+    if extend:
+        splits = extend_split(read_manifest(extend), episodes, validation, test, seed)
+        origin = {"extended_from": os.fspath(extend)}
+    else:
+        splits = split_tasks(episodes, validation, test, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"settings": settings, **origin, **splits}, indent=1) + "\n")
     return splits
 
 

@@ -170,7 +170,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     if simulated:
         episodes_path, cards_path = routesim.corpus_files(routesim.collect(config, workdir))
     else:
-        episodes_path, cards_path = Path(config.data.episodes), Path(config.data.cards)
+        episodes_path, cards_path = config.data.episodes, config.data.cards  # the setting as given (a list, a glob)
     lambdas = [float(x) for x in config.calibrate.lambdas]
     variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))

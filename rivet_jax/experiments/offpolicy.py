@@ -18,6 +18,7 @@ from rivet_jax import deploy, ope
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.corpus import NoCorpusError, corpus_paths, training_episodes
+from rivet_jax.data.files import episode_paths
 from rivet_jax.data.schema import DataError, Episode, ModelPool, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, episodes_of
 from rivet_jax.encoders import EmbeddingStore
@@ -47,14 +48,14 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
     the five fitted routers of the reproduction. None when those logs are not where the router's config says."""
     config = router.config
     try:
-        episodes_path, cards_path = corpus_paths(config, workdir)
-    except NoCorpusError:
-        episodes_path = cards_path = Path("")
-    if not (episodes_path.is_file() and cards_path.is_file()):
+        episode_files, cards_path = corpus_paths(config, workdir)
+    except (NoCorpusError, DataError):  # no logs named, or a pattern that matches nothing here
+        episode_files, cards_path = [], Path("")
+    if not (episode_files and all(p.is_file() for p in episode_files) and cards_path.is_file()):
         logging.warning("the router's training logs (config.data.episodes=%r) are not here: no baseline fitted",
                         config.data.episodes)
         return {}
-    episodes = training_episodes(config, workdir, read_episodes(episodes_path, router.pool).episodes)
+    episodes = training_episodes(config, workdir, read_episodes(episode_files, router.pool).episodes)
     lam, gamma = config.reward.lam, config.reward.gamma
     if not (everything and "baselines" in config):
         return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, lam, gamma, router.c_ref)}
@@ -63,12 +64,13 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
 
 
 def read_heldout(episodes_path: str | Path, cards_path: str | Path, router: Router) -> list[Episode]:
-    """The held-out episodes, against the router's pool (the same models, in the same order)."""
+    """The held-out episodes (one file, several separated by commas, or a glob), against the router's pool (the
+    same models, in the same order)."""
     pool = read_model_cards(cards_path)
     if pool.names != router.pool.names:
         raise DataError(str(cards_path), None, "<file>", f"names the models {list(pool.names)}; the router was trained "
                                                          f"on {list(router.pool.names)}: give the cards of its pool")
-    return read_episodes(episodes_path, router.pool).episodes
+    return read_episodes(episode_paths(str(episodes_path)), router.pool).episodes
 
 
 def held_out_split(episodes: list[Episode], workdir: Path, split: str | None) -> list[Episode]:

@@ -75,6 +75,7 @@ from rivet_jax.serve.upstream import (Backend, Health, Reply, StreamFault, Upstr
 __all__ = ["Proxy", "make_app", "serve"]
 
 CANDIDATES_HEADER = "x-rivet-candidates"
+FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a request opens (else config.task_family)
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
 MAX_DEPTH = 64          # JSON nesting of a request body (tool schemas nest a few levels; thousands is an attack)
 MAX_SESSION_CHARS = 512
@@ -177,10 +178,11 @@ class Proxy:
         return None
 
     async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice,
-                     candidates: list[str], session: str, start: float) -> None:
+                     candidates: list[str], session: str, family: str | None, start: float) -> None:
         """Records the turn `name` served (its call began at perf_counter `start`), fsynced before returning."""
         turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start)
-        await asyncio.to_thread(self.recorder.record, session, conversation.task, len(conversation.history), turn)
+        await asyncio.to_thread(self.recorder.record, session, conversation.task, len(conversation.history), turn,
+                                family)
 
     def turn(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, candidates: list[str],
              latency_s: float) -> Turn:
@@ -247,7 +249,10 @@ async def _chat_completions(request: Request) -> Response:
         conversation = read_request(await _json(request, proxy))
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
         given = request.headers.get(proxy.config.session_header) or conversation.user
-        session = _checked_session(session_id(conversation, given))
+        session = _checked_text(session_id(conversation, given), "session id")
+        family = request.headers.get(FAMILY_HEADER) or proxy.config.get("task_family") or None
+        if family is not None:
+            family = _checked_text(family, "task family")
     except _TooLarge as error:
         return _error(413, str(error))
     except _NotJson as error:
@@ -261,13 +266,14 @@ async def _chat_completions(request: Request) -> Response:
     observed = asyncio.ensure_future(asyncio.to_thread(proxy.recorder.observe, session, conversation.task,
                                                        conversation.history))
     try:
-        return await _route_and_call(request, proxy, conversation, session, requested, received, observed)
+        return await _route_and_call(request, proxy, conversation, session, family, requested, received, observed)
     finally:
         await observed
 
 
 async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversation, session: str,
-                          requested: list[str] | None, received: float, observed: asyncio.Future) -> Response:
+                          family: str | None, requested: list[str] | None, received: float,
+                          observed: asyncio.Future) -> Response:
     candidates = candidate_names(list(proxy.backends), proxy.health.down(), requested)
     if not candidates:
         return _error(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
@@ -288,7 +294,8 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         if reply.status != 200:  # the request's own fault: passed on, not recorded
             return Response(reply.body, status_code=reply.status, headers=headers, media_type="application/json")
         await observed
-        served = functools.partial(proxy.record, name, reply, conversation, choice, candidates, session, start)
+        served = functools.partial(proxy.record, name, reply, conversation, choice, candidates, session, family,
+                                   start)
         if conversation.stream:
             return StreamingResponse(_record_when_done(reply, name, proxy, served), headers=headers,
                                      media_type="text/event-stream")
@@ -433,15 +440,15 @@ def _depth(value) -> int:
     return deepest
 
 
-def _checked_session(session: str) -> str:
-    """A session id that every route can carry back (the outcome URL, the x-rivet-session header)."""
-    if len(session) > MAX_SESSION_CHARS:
-        raise RequestError(f"the session id has {len(session)} characters, more than {MAX_SESSION_CHARS}")
-    bad = next((c for c in session if unicodedata.category(c)[0] == "C"), None)
+def _checked_text(text: str, what: str) -> str:
+    """A session id or task family every route and file can carry back (the outcome URL, the response headers)."""
+    if len(text) > MAX_SESSION_CHARS:
+        raise RequestError(f"the {what} has {len(text)} characters, more than {MAX_SESSION_CHARS}")
+    bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
     if bad is not None:
-        raise RequestError(f"the session id holds the control character U+{ord(bad):04X}: give a session id of "
-                           "printable characters (the session header, or the user field)")
-    return session
+        raise RequestError(f"the {what} holds the control character U+{ord(bad):04X}: give one of printable "
+                           f"characters")
+    return text
 
 
 def _requested(header: str | None, proxy: Proxy) -> list[str] | None:

@@ -141,15 +141,17 @@ class Recorder:
                 key = f"{session}~{k}"
             return key
 
-    def record(self, session: str, task: str, history_length: int, turn: Turn) -> tuple[str, int]:
-        """Records a served turn (fsynced before returning): (episode id, the turn's index in the episode).
+    def record(self, session: str, task: str, history_length: int, turn: Turn,
+               family: str | None = None) -> tuple[str, int]:
+        """Records a served turn (fsynced before returning): (episode id, the turn's index in the episode). `family`:
+        the task family of an episode this turn opens (the split draws per family).
         UnrecordableTurn when the schema would not read the turn back; StorageError when it cannot be written
         (nothing changed either way)."""
         with self._lock:
             episode = self.open.get(session)
             if episode is None:
                 now = self.clock()
-                episode = OpenEpisode(f"{session}@{now:.6f}", session, Task(prompt_task_id(task), task),
+                episode = OpenEpisode(f"{session}@{now:.6f}", session, Task(prompt_task_id(task), task, family),
                                       history_length, [], now)
             event = {"event": "turn", "episode": episode.episode_id, "turn": turn.to_json()}
             _check_turn(event, episode.task, self.pool)
