@@ -26,6 +26,10 @@ _OUTPUT = flags.DEFINE_string("output", None, "Where to write the episodes (JSON
 _OUTCOME_SCALE = flags.DEFINE_string(
     "outcome_scale", None, "LOW,HIGH: the range of the logged outcome, mapped linearly onto [0, 1] (default: openai "
     "[0, 1], mtrouter the benchmark's score range; not for mint).")
+_SKIP_INVALID = flags.DEFINE_bool("skip_invalid", False, "openai: skip and count bad records instead of stopping at the "
+                                                        "first (a note names the first five).")
+_MAX_SKIPPED = flags.DEFINE_float("max_skipped_fraction", 0.1, "With --skip_invalid: refuse the file when more of its "
+                                                               "records than this are bad.")
 flags.mark_flags_as_required(["format", "input", "cards", "output"])
 
 
@@ -62,7 +66,10 @@ def main(argv: Sequence[str]) -> int:
         raise app.UsageError("--outcome_scale does not apply to --format=mint: MINT logs a 0/1 success")
     try:
         pool = schema.read_model_cards(_CARDS.value)
-        conversion = converters.convert(_FORMAT.value, _INPUT.value, pool, scale)
+        if _SKIP_INVALID.value and _FORMAT.value != "openai":
+            raise app.UsageError("--skip_invalid is for --format=openai")
+        conversion = converters.convert(_FORMAT.value, _INPUT.value, pool, scale, _SKIP_INVALID.value,
+                                        _MAX_SKIPPED.value)
         schema.write_episodes(_OUTPUT.value, conversion.episodes)
     except (schema.DataError, ImportError, OSError) as err:  # bad logs, MINT's tokenizer missing, an unwritable output
         print(f"error: {err}", file=sys.stderr)

@@ -119,6 +119,62 @@ def test_openai_chat_outcome_scale(tmp_path):
     assert_data_error(lambda: convert_openai_chat(path, POOL), path, 1, "outcome", "[0, 1]")
 
 
+def test_openai_chat_reads_what_sdk_exports_add_and_a_logged_propensity(tmp_path):
+    """The same conversation as WEATHER, written the way the SDK's model_dump and newer exports write it: record
+    metadata and tools, a developer message, content as parts, names, null function_call/refusal/audio and
+    annotations; plus a propensity on each assistant message. It converts to WEATHER's episode, propensities added."""
+    messages = [
+        {"role": "developer", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+        {"role": "user", "name": "alice", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {**WEATHER["messages"][2], "refusal": None, "function_call": None, "audio": None, "annotations": [],
+         "propensity": 0.25},
+        {**WEATHER["messages"][3], "name": "get_weather"},
+        {**WEATHER["messages"][4], "refusal": None, "annotations": [], "propensity": 1.0},
+        WEATHER["messages"][5],
+    ]
+    exported = {**WEATHER, "messages": messages, "metadata": {"user": "u1"}, "created": 1700000000,
+                "tools": [{"type": "function", "function": {"name": "get_weather"}}], "parallel_tool_calls": True}
+    [episode] = convert_openai_chat(write_jsonl(tmp_path / "sdk.jsonl", [exported]), POOL)
+    expected = EXPECTED_CHAT[0]
+    assert episode.task == expected.task and episode.outcome == expected.outcome
+    assert [t.propensity for t in episode.turns] == [0.25, 1.0]
+    assert [dataclasses.replace(t, propensity=None) for t in episode.turns] == list(expected.turns)
+    # the served router reads the same texts from such a conversation
+    assert routing_state(messages[:4]) == routing_state(WEATHER["messages"][:4])
+    # a refusal without content is the response; image parts are written by type
+    refused = {"id": "r", "outcome": 0, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Do it."}, {"type": "image_url", "image_url": {}}]},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that.", "model": "small",
+         "usage": {"prompt_tokens": 5, "completion_tokens": 5}}]}
+    [episode] = convert_openai_chat(write_jsonl(tmp_path / "refused.jsonl", [refused]), POOL)
+    assert episode.task.prompt == "Do it.\n[image_url]" and episode.turns[0].response == "I can't help with that."
+    for bad, field, why in [(0, "messages[2].propensity", "(0, 1]"), (1.5, "messages[2].propensity", "(0, 1]")]:
+        broken = {**WEATHER, "messages": [*WEATHER["messages"][:2], {**WEATHER["messages"][2], "propensity": bad},
+                                          *WEATHER["messages"][3:]]}
+        path = write_jsonl(tmp_path / "bad.jsonl", [broken])
+        assert_data_error(lambda: convert_openai_chat(path, POOL), path, 1, field, why)
+    legacy = {**WEATHER, "messages": [*WEATHER["messages"][:2], {**WEATHER["messages"][2], "function_call": {
+        "name": "get_weather", "arguments": "{}"}}, *WEATHER["messages"][3:]]}
+    path = write_jsonl(tmp_path / "legacy.jsonl", [legacy])
+    assert_data_error(lambda: convert_openai_chat(path, POOL), path, 1, "messages[2].function_call", "legacy")
+
+
+def test_openai_chat_skip_mode_counts_bad_records_up_to_a_limit(tmp_path):
+    path = write_jsonl(tmp_path / "mixed.jsonl", [WEATHER, dict(ADDITION, outcome=7), ADDITION])
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("{not json\n")
+    skipped = []
+    episodes = convert_openai_chat(path, POOL, skipped=skipped, max_skipped_fraction=0.5)
+    assert [e.episode_id for e in episodes] == ["conv-1", "conv-2"]
+    assert [(e.line, e.field) for e in skipped] == [(2, "outcome"), (4, "<json>")]
+    with pytest.raises(DataError, match="more than max_skipped_fraction=0.25"):
+        convert_openai_chat(path, POOL, skipped=[], max_skipped_fraction=0.25)
+    conversion = convert("openai", path, POOL, skip_invalid=True, max_skipped_fraction=0.5)
+    assert conversion.notes[0] == "skipped 2 bad record(s)" and len(conversion.notes) == 3
+    with pytest.raises(ValueError, match="openai"):
+        convert("mtrouter", path, POOL, skip_invalid=True)
+
+
 def test_routing_state_gives_the_converted_texts():
     # Before the second call: the task and the first turn, as the router is served them.
     task, history = routing_state(WEATHER["messages"][:4])
@@ -178,8 +234,10 @@ CALL = {"role": "assistant", "content": "Hello", "model": "small",
     (put("call_9", "messages", 3, "tool_call_id"), "messages[3].tool_call_id", "'call_9' names no tool call"),
     (put([], "messages", 2, "tool_call"), "messages[2].tool_call", "did you mean 'tool_calls'?"),
     (put("x", "messages", 1, "model"), "messages[1].model", "unknown key"),
-    (put("critic", "messages", 1, "role"), "messages[1].role", "expected one of system, user, assistant, tool"),
-    (put(["a"], "messages", 1, "content"), "messages[1].content", "expected str, got list"),
+    (put("critic", "messages", 1, "role"), "messages[1].role",
+     "expected one of system, developer, user, assistant, tool"),
+    (put(["a"], "messages", 1, "content"), "messages[1].content[0]", "must be an object with a 'type'"),
+    (put(5, "messages", 1, "content"), "messages[1].content", "expected string or list of parts, got int"),
     (put("web", "messages", 2, "tool_calls", 0, "type"), "messages[2].tool_calls[0].type", "only 'function'"),
     (drop("messages", 2, "tool_calls", 0, "function", "name"), "messages[2].tool_calls[0].function.name",
      "missing required field"),

@@ -293,11 +293,11 @@ def read_episodes(
                 continue
             first_of_id[episode.episode_id] = f"{path_str}:{where.line}"
             episodes.append(episode)
-        _check_enough_read(path_str, len(episodes) - kept, skipped[dropped:], max_skipped_fraction)
+        check_enough_read(path_str, len(episodes) - kept, skipped[dropped:], max_skipped_fraction)
     return EpisodeFile(episodes=episodes, skipped=skipped)
 
 
-def _check_enough_read(path: str, kept: int, skipped: list[DataError], max_skipped_fraction: float) -> None:
+def check_enough_read(path: str, kept: int, skipped: list[DataError], max_skipped_fraction: float) -> None:
     """A file-level DataError when nothing was read, or when skip mode dropped more than the allowed share."""
     records = kept + len(skipped)
     if records == 0:

@@ -21,8 +21,8 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from rivet_jax.data.converters.openai_chat import routing_state
-from rivet_jax.data.validation import DataError
+from rivet_jax.data.converters.openai_chat import content_text, routing_state
+from rivet_jax.data.validation import DataError, Where
 
 __all__ = ["RequestError", "Conversation", "read_request", "session_id", "converter_messages"]
 
@@ -103,20 +103,11 @@ def converter_messages(messages: Any) -> list[dict]:
 
 
 def _text(content: Any, field: str) -> str | None:
-    """A message's content as one string: a string as is, a list of parts joined (non-text parts as `[<type>]`)."""
-    if content is None or isinstance(content, str):
-        return content
-    parts = []
-    for k, part in enumerate(_list(content, field)):
-        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise RequestError(f"{field}[{k}] must be an object with a 'type'")
-        if part["type"] == "text":
-            if not isinstance(part.get("text"), str):
-                raise RequestError(f"{field}[{k}].text must be a string")
-            parts.append(part["text"])
-        else:
-            parts.append(f"[{part['type']}]")
-    return "\n".join(parts)
+    """A message's content as one string, as the logs' converter reads it (`openai_chat.content_text`)."""
+    try:
+        return content_text(content, Where("<request>", None), field)
+    except DataError as error:
+        raise RequestError(f"{error.field}: {error.why}") from None
 
 
 def _tool_call(call: Any, field: str) -> dict:

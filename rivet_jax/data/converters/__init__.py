@@ -25,15 +25,23 @@ __all__ = ["FORMATS", "Conversion", "convert"]
 FORMATS = ("openai", "mtrouter", "mint")
 
 
-def convert(fmt: str, path: str | os.PathLike, pool: ModelPool,
-            outcome_scale: tuple[float, float] | None = None) -> Conversion:
+def convert(fmt: str, path: str | os.PathLike, pool: ModelPool, outcome_scale: tuple[float, float] | None = None,
+            skip_invalid: bool = False, max_skipped_fraction: float = 0.1) -> Conversion:
     """The episodes of the logs at `path` in format `fmt` (one of FORMATS), every model a card of `pool`.
 
     `outcome_scale=(low, high)`: the range of the logged outcome, mapped linearly onto [0, 1] (openai: instead of
     [0, 1]; mtrouter: instead of the benchmark's). MINT logs a 0/1 success, so there it is an error.
+    `skip_invalid` (openai): bad records are skipped and counted (a note each, up to five), up to
+    `max_skipped_fraction` of the records.
     """
+    if skip_invalid and fmt != "openai":
+        raise ValueError(f"skipping bad records is for --format=openai (one conversation per line), not {fmt}")
     if fmt == "openai":
-        return Conversion(episodes=convert_openai_chat(path, pool, outcome_scale), notes=[])
+        skipped: list | None = [] if skip_invalid else None
+        episodes = convert_openai_chat(path, pool, outcome_scale, skipped, max_skipped_fraction)
+        notes = [f"skipped {len(skipped)} bad record(s)"] + [f"skipped: {error}" for error in skipped[:5]] \
+            if skipped else []
+        return Conversion(episodes=episodes, notes=notes)
     if fmt == "mtrouter":
         return convert_mtrouter(path, pool, outcome_scale)
     if fmt == "mint":

@@ -15,11 +15,17 @@ Input, one JSON object per line (blank lines skipped):
   {"role": "user", "content": "Thanks!"}]}
 ```
 
-- Record keys: `id` (unique non-empty string), `messages`, `outcome`, optional `task_family`. Message keys by role:
-  system and user `role`, `content`; assistant also `tool_calls` (optional), `model` (a pool name) and `usage`
-  (`prompt_tokens`, `completion_tokens`, optional `cost` in USD; other usage keys such as `total_tokens` are
-  ignored), its `content` may be null; tool `role`, `content`, `tool_call_id`. Contents are strings. Any other
-  key is an error naming the closest known one, since a typo'd `tool_call` would otherwise drop the calls unseen.
+- Record keys: `id` (unique non-empty string), `messages`, `outcome`, optional `task_family`; what SDK exports add
+  at record level (`metadata`, `tools`, `tool_choice`, `parallel_tool_calls`, `created`) is read past. Message
+  keys by role: system (or `developer`, its newer name) and user `role`, `content`; assistant also `tool_calls`
+  (optional), `model` (a pool name), `usage` (`prompt_tokens`, `completion_tokens`, optional `cost` in USD; other
+  usage keys such as `total_tokens` are ignored) and an optional `propensity` (the logging router's probability
+  of this model, in (0, 1]: what makes the importance-weighted estimators usable), its `content` may be null;
+  tool `role`, `content`, `tool_call_id`. Every message may carry `name`, and an assistant message what the SDK
+  writes (`refusal`: its text is the response when there is no content; `annotations`, `audio`; `function_call`
+  only when null: legacy function calls are not read). Contents are strings, or lists of parts (text parts
+  joined by line breaks, any other part written `[<type>]`). Any other key is an error naming the closest known
+  one, since a typo'd `tool_call` would otherwise drop the calls unseen.
 - Task: the first user message's content; its id `prompt-<first 16 hex digits of its sha256>`, so conversations on
   the same prompt are one task and a task-level split keeps them together; family `task_family`. System messages
   before the first assistant message are not part of the task: they are the application's fixed instructions, the
@@ -51,22 +57,27 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rivet_jax.data.converters.common import pool_model, read_jsonl, tokens_and_cost
+from rivet_jax.data.converters.common import pool_model, tokens_and_cost
+from rivet_jax.data.files import decode_line, numbered_lines
 from rivet_jax.data.model_pool import ModelPool
 from rivet_jax.data.outcomes import check_outcome, scale_outcome
-from rivet_jax.data.schema import Episode, Task, Turn
+from rivet_jax.data.schema import Episode, Task, Turn, check_enough_read
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_str, optional, reject_unknown_keys, require_field, require_object, wrong_type,
+    MISSING, DataError, Where, as_number, as_str, optional, parse_json, reject_unknown_keys, require_field,
+    require_object, wrong_type,
 )
 
-__all__ = ["convert_openai_chat", "routing_state", "prompt_task_id"]
+__all__ = ["convert_openai_chat", "routing_state", "prompt_task_id", "content_text"]
 
-_RECORD_KEYS = ("id", "messages", "outcome", "task_family")
+_RECORD_KEYS = ("id", "messages", "outcome", "task_family",
+                "metadata", "tools", "tool_choice", "parallel_tool_calls", "created")  # the last five read past
 _MESSAGE_KEYS = {
-    "system": ("role", "content"),
-    "user": ("role", "content"),
-    "assistant": ("role", "content", "tool_calls", "model", "usage"),
-    "tool": ("role", "content", "tool_call_id"),
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": ("role", "content", "tool_calls", "model", "usage", "propensity", "name", "refusal", "annotations",
+                  "audio", "function_call"),
+    "tool": ("role", "content", "tool_call_id", "name"),
 }
 
 
@@ -101,21 +112,49 @@ def routing_state(messages: Any) -> tuple[str, list[dict[str, str]]]:
     return task, history
 
 
-def convert_openai_chat(path: str | os.PathLike, pool: ModelPool,
-                        outcome_scale: tuple[float, float] | None = None) -> list[Episode]:
-    """Every conversation of the JSONL file at `path`, in file order (see the module docstring)."""
+def convert_openai_chat(path: str | os.PathLike, pool: ModelPool, outcome_scale: tuple[float, float] | None = None,
+                        skipped: list[DataError] | None = None, max_skipped_fraction: float = 0.1) -> list[Episode]:
+    """Every conversation of the JSONL file at `path`, in file order (see the module docstring). Given a `skipped`
+    list, a bad record is appended to it instead of raised, up to `max_skipped_fraction` of the records (the
+    reader's rule: more is a wrong file or a broken exporter, and is refused)."""
     episodes: list[Episode] = []
     first_line: dict[str, int] = {}
-    for where, record in read_jsonl(path):
-        episode = _episode(record, pool, outcome_scale, where)
-        first = first_line.get(episode.episode_id)
-        if first is not None:
-            raise where.error("id", f"duplicate id '{episode.episode_id}' (first on line {first})")
+    path_str = os.fspath(path)
+    for where, record in _records(path, skipped):
+        try:
+            episode = _episode(record, pool, outcome_scale, where)
+            first = first_line.get(episode.episode_id)
+            if first is not None:
+                raise where.error("id", f"duplicate id '{episode.episode_id}' (first on line {first})")
+        except DataError as error:
+            if skipped is None:
+                raise
+            skipped.append(error)
+            continue
         first_line[episode.episode_id] = where.line
         episodes.append(episode)
-    if not episodes:
-        raise DataError(os.fspath(path), None, "<file>", "no conversations: the file is empty or blank")
+    if not episodes and not skipped:
+        raise DataError(path_str, None, "<file>", "no conversations: the file is empty or blank")
+    if skipped is not None:
+        check_enough_read(path_str, len(episodes), skipped, max_skipped_fraction)
     return episodes
+
+
+def _records(path, skipped: list[DataError] | None):
+    """(where, record) per non-blank line, as `read_jsonl` reads them; a line that is not JSON (or not UTF-8) is
+    appended to `skipped` when skipping."""
+    for where, raw in numbered_lines(os.fspath(path)):
+        try:
+            text = decode_line(raw, where)
+            if not text.strip():
+                continue
+            record = parse_json(text, where)
+        except DataError as error:
+            if skipped is None:
+                raise
+            skipped.append(error)
+            continue
+        yield where, record
 
 
 def _episode(record: Any, pool: ModelPool, outcome_scale: tuple[float, float] | None, where: Where) -> Episode:
@@ -140,8 +179,29 @@ def _turn(message: Mapping[str, Any], segment: _Segment, pool: ModelPool, where:
     card = pool_model(require_field(message, "model", where, field + "."), pool, where, field + ".model")
     usage = require_field(message, "usage", where, field + ".")
     prompt_tokens, completion_tokens, cost = tokens_and_cost(usage, card, where, field + ".usage")
+    propensity = optional(message.get("propensity", MISSING), as_number, where, field + ".propensity")
+    if propensity is not None and not 0.0 < propensity <= 1.0:
+        raise where.error(field + ".propensity", f"a probability in (0, 1] is expected, got {propensity}")
     return Turn(model=card.name, response=segment.response, feedback="\n".join(segment.feedback),
-                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost, propensity=propensity)
+
+
+def content_text(content: Any, where: Where, field: str) -> str | None:
+    """A message's content as one string: a string as is, a list of parts joined by line breaks (a text part its
+    `text`, any other `[<type>]`), null as None; anything else a DataError."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise wrong_type(where, field, "string or list of parts", content)
+    parts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+            raise where.error(f"{field}[{k}]", "a content part must be an object with a 'type'")
+        if part["type"] == "text":
+            parts.append(as_str(part.get("text", MISSING), where, f"{field}[{k}].text"))
+        else:
+            parts.append(f"[{part['type']}]")
+    return "\n".join(parts)
 
 
 def _segments(messages: Any, where: Where) -> tuple[str, list[_Segment]]:
@@ -154,16 +214,23 @@ def _segments(messages: Any, where: Where) -> tuple[str, list[_Segment]]:
     for i, message in enumerate(messages):
         field = f"messages[{i}]"
         message = _message(message, where, field)
-        role = message["role"]
+        role = "system" if message["role"] == "developer" else message["role"]
         if role == "assistant":
             if task_at is None:
                 raise where.error(field + ".role", "an assistant message before any user message: there is no task")
+            if message.get("function_call") is not None:
+                raise where.error(field + ".function_call", "a legacy function call: only tool_calls are read "
+                                                            "(export the conversation with tools)")
             calls = optional(message.get("tool_calls", MISSING), _tool_calls, where, field + ".tool_calls") or []
-            content = optional(message.get("content", MISSING), as_str, where, field + ".content") or ""
+            content = content_text(message.get("content"), where, field + ".content") or ""
+            if not content and not calls and isinstance(message.get("refusal"), str):
+                content = message["refusal"]
             lines = ([content] if content else []) + [f"[tool_call {id_}] {name}({args})" for id_, name, args in calls]
             segments.append(_Segment(i, "\n".join(lines), frozenset(id_ for id_, _, _ in calls)))
             continue
-        content = as_str(require_field(message, "content", where, field + "."), where, field + ".content")
+        content = content_text(require_field(message, "content", where, field + "."), where, field + ".content")
+        if content is None:
+            raise where.error(field + ".content", "expected a string, got null")
         if role == "tool":
             if not segments:
                 raise where.error(field + ".role", "a tool message before any assistant message: no call to answer")
