@@ -4,6 +4,7 @@ multi-host run."""
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib.util
 import os
 import sys
@@ -26,6 +27,7 @@ from rivet_jax.workdir_lock import WorkdirBusyError
 USER_ERRORS = (DataError, checkpointing.CheckpointMismatchError, checkpointing.NonFiniteError, NoCorpusError,
                FileNotFoundError, ConfigError, checkpointing.ConfigChangedError, checkpointing.DamagedCheckpointError,
                WorkdirBusyError)
+_USER_OS_ERRORS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT}
 _HELP = ("-h", "-help", "--help", "-?", "--helpshort", "--helpfull")
 
 
@@ -39,6 +41,12 @@ def run_reporting_user_errors(job: Callable[[], object], config=None) -> object:
         return job()
     except USER_ERRORS as error:
         logging.error("%s: %s", type(error).__name__, error)
+        sys.exit(1)
+    except OSError as error:  # a read-only or full workdir, a file one may not read: the user's to fix, one line
+        if error.errno not in _USER_OS_ERRORS:
+            raise
+        logging.error("%s: %s%s", type(error).__name__, error.strerror or error,
+                      f": {error.filename}" if error.filename else "")
         sys.exit(1)
 
 

@@ -146,6 +146,41 @@ def test_launcher_refuses_a_held_workdir_in_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("code", ["EACCES", "EROFS", "ENOSPC"])
+def test_a_workdir_that_cannot_be_written_is_one_line_not_a_traceback(code, caplog):
+    """A read-only or full workdir (root, as in CI, cannot be denied a write: the OSError is raised by hand)."""
+    import errno
+
+    from launch.common import run_reporting_user_errors
+
+    def job():
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)), "/srv/W/checkpoints")
+
+    with pytest.raises(SystemExit) as exit_:
+        run_reporting_user_errors(job)
+    assert exit_.value.code == 1
+    [record] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.getMessage().endswith(f"{os.strerror(getattr(errno, code))}: /srv/W/checkpoints")
+    assert not record.exc_info
+
+    def bug():
+        raise OSError(errno.EBADF, "Bad file descriptor")   # not the user's to fix: the traceback stays
+
+    with pytest.raises(OSError):
+        run_reporting_user_errors(bug)
+
+
+def test_costs_that_overflow_the_mean_are_one_config_error_naming_the_way_out():
+    from rivet_jax.config_checks import ConfigError
+    from rivet_jax.data.replay import reference_cost
+    from rivet_jax.data.schema import Episode, Task, Turn
+
+    turn = Turn(model="m", response="r", feedback="", prompt_tokens=1, completion_tokens=1, cost=1e308)
+    episodes = [Episode(f"e{i}", Task("t", "p"), (turn, turn), 1) for i in range(3)]
+    with pytest.raises(ConfigError, match="reward.c_ref"):
+        reference_cost(episodes)
+
+
 # ------------------------------------------------------------------------------- 3. damaged checkpoints
 
 

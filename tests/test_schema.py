@@ -491,3 +491,21 @@ def test_several_episode_files_read_as_one_corpus_with_ids_unique_across_them(tm
     skipped = read_episodes([tmp_path / "a.jsonl", tmp_path / "c.jsonl"], pool, skip_invalid=True,
                             max_skipped_fraction=1.0)
     assert [e.episode_id for e in skipped.episodes] == ["ep-0", "ep-1", "ep-3"] and len(skipped.skipped) == 1
+
+
+def test_one_task_id_with_two_prompts_is_refused_naming_both_places(tmp_path):
+    pool = make_pool()
+    other = dataclasses.replace(make_episode(3), episode_id="ep-x",
+                                task=dataclasses.replace(make_episode(1).task, prompt="Something else"))
+    write_episodes(tmp_path / "a.jsonl", [make_episode(0), make_episode(1), other])
+    with pytest.raises(DataError) as raised:
+        read_episodes(tmp_path / "a.jsonl", pool)
+    assert (raised.value.line, raised.value.field) == (3, "task.prompt") and "than on line 2" in str(raised.value)
+
+
+def test_a_card_name_with_surrounding_white_space_is_refused(tmp_path):
+    cards = json.loads(json.dumps({"models": [{"name": "gpt-4", "description": "a"},
+                                              {"name": "gpt-4 ", "description": "b"}]}))
+    (tmp_path / "cards.json").write_text(json.dumps(cards))
+    with pytest.raises(DataError, match="white space"):
+        read_model_cards(tmp_path / "cards.json")

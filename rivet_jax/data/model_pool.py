@@ -117,6 +117,9 @@ def _check_pool_cards(cards: Sequence[Any], where: Where) -> None:
     for i, card in enumerate(cards):
         if not isinstance(card, ModelCard):
             raise wrong_type(where, f"models[{i}]", "ModelCard", card)
+        if card.name != card.name.strip():
+            raise where.error(f"models[{i}].name", f"'{card.name}' begins or ends with white space: a name that "
+                                                   f"looks like another is a second model; remove it")
         if card.name in first_index:
             raise where.error(
                 f"models[{i}].name",

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import TokenCounter, episode_state_texts
 
@@ -74,9 +75,11 @@ def reference_cost(episodes: Sequence[Episode]) -> float:
         logging.warning("c_ref: %d of %d turn costs exceed %.3g (10^4 x the median turn cost) and are left out of "
                         "the mean, the largest %.3g; check the logs' cost units, or set config reward.c_ref",
                         int(outliers.sum()), costs.size, bound, float(costs.max()))
-    c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
+    with np.errstate(over="ignore"):  # a sum past float64's range is inf: refused just below, with the way out
+        c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
     if not (c_ref > 0 and math.isfinite(c_ref)):
-        raise ValueError(f"cannot derive c_ref from this corpus: mean per-turn cost is {c_ref}; set config c_ref")
+        raise ConfigError(f"cannot derive c_ref from this corpus: the mean per-turn cost is {c_ref} (costs up to "
+                          f"{costs.max() if costs.size else 0:.3g}): check the logs' cost units, or set --config.reward.c_ref")
     return c_ref
 
 

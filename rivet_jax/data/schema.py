@@ -271,6 +271,7 @@ def read_episodes(
     episodes: list[Episode] = []
     skipped: list[DataError] = []
     first_of_id: dict[str, str] = {}  # episode id -> "file:line" where it first appeared
+    prompts: dict[str, tuple[str, str]] = {}  # task id -> (its prompt, "file:line" where it first appeared)
     for one in paths:
         path_str = os.fspath(one)
         kept, dropped = len(episodes), len(skipped)
@@ -286,6 +287,12 @@ def read_episodes(
                     first = first.removeprefix(f"{path_str}:")
                     raise where.error("episode_id", f"duplicate episode_id '{episode.episode_id}' (first on "
                                                     f"{'line ' if ':' not in first else ''}{first})")
+                prompt, at = prompts.get(episode.task.id, (episode.task.prompt, ""))
+                if prompt != episode.task.prompt:
+                    at = at.removeprefix(f"{path_str}:")
+                    raise where.error("task.prompt", f"task '{episode.task.id}' has another prompt than on "
+                                                     f"{'line ' if ':' not in at else ''}{at}: one task id, one "
+                                                     f"prompt (the split and the router read tasks by id)")
             except DataError as err:
                 if not skip_invalid:
                     raise
@@ -293,6 +300,7 @@ def read_episodes(
                 continue
             first_of_id[episode.episode_id] = f"{path_str}:{where.line}"
             episodes.append(episode)
+            prompts.setdefault(episode.task.id, (episode.task.prompt, f"{path_str}:{where.line}"))
         check_enough_read(path_str, len(episodes) - kept, skipped[dropped:], max_skipped_fraction)
     return EpisodeFile(episodes=episodes, skipped=skipped)
 
