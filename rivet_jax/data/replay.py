@@ -69,13 +69,14 @@ def reference_cost(episodes: Sequence[Episode]) -> float:
     """
     costs = np.array([turn.cost for episode in episodes for turn in episode.turns], np.float64)
     positive = costs[costs > 0]
-    bound = _OUTLIER_MEDIANS * float(np.median(positive)) if positive.size else math.inf
+    with np.errstate(over="ignore"):  # costs near float64's limit: an inf median or mean, refused below
+        bound = _OUTLIER_MEDIANS * float(np.median(positive)) if positive.size else math.inf
     outliers = costs > bound
     if outliers.any():
         logging.warning("c_ref: %d of %d turn costs exceed %.3g (10^4 x the median turn cost) and are left out of "
                         "the mean, the largest %.3g; check the logs' cost units, or set config reward.c_ref",
                         int(outliers.sum()), costs.size, bound, float(costs.max()))
-    with np.errstate(over="ignore"):  # a sum past float64's range is inf: refused just below, with the way out
+    with np.errstate(over="ignore"):
         c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
     if not (c_ref > 0 and math.isfinite(c_ref)):
         raise ConfigError(f"cannot derive c_ref from this corpus: the mean per-turn cost is {c_ref} (costs up to "
