@@ -155,3 +155,28 @@ def test_diverged_expired_and_mid_conversation_episodes_are_kept_apart(tmp_path)
     assert apart["began mid-conversation"]["outcome"] == 1 and apart["expired"]["outcome"] is None
     assert len(apart["diverged"]["turns"]) == 2
     assert list(recorder.open) == ["fresh"] and recorder.episodes_path.read_bytes() == b""
+
+
+def test_a_serve_config_takes_model_names_with_dots(tmp_path):
+    """Real model names (`gpt-3.5-turbo-0613`, `Qwen1.5-72B-Chat`) in a serve config file: ml_collections refuses
+    dots in nested config keys, so `backends` is a plain dict (a placeholder), read as it is."""
+    import importlib.util
+
+    from rivet_jax.serve.upstream import BackendConfigError, backends_from_config
+
+    pool = ModelPool((ModelCard("gpt-3.5-turbo-0613", "a"), ModelCard("Qwen1.5-72B-Chat", "b")))
+    path = tmp_path / "serve_config.py"
+    path.write_text("from configs import serve\n\n\ndef get_config():\n    config = serve.get_config()\n"
+                    "    config.backends = {'gpt-3.5-turbo-0613': {'base_url': 'http://127.0.0.1:9/v1', "
+                    "'model': 'gpt-3.5-turbo-0613', 'api_key_env': ''},\n"
+                    "                       'Qwen1.5-72B-Chat': {'base_url': 'http://127.0.0.1:8/v1', "
+                    "'model': 'qwen', 'api_key_env': ''}}\n    return config\n")
+    spec = importlib.util.spec_from_file_location("serve_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    backends = backends_from_config(config.backends, pool)
+    assert list(backends) == ["gpt-3.5-turbo-0613", "Qwen1.5-72B-Chat"]
+    assert backends["Qwen1.5-72B-Chat"].url == "http://127.0.0.1:8/v1/chat/completions"
+    with pytest.raises(BackendConfigError, match="no backends configured"):
+        backends_from_config(None, pool)   # the placeholder left unset
