@@ -71,16 +71,16 @@ def reference_cost(episodes: Sequence[Episode]) -> float:
     positive = costs[costs > 0]
     with np.errstate(over="ignore"):  # costs near float64's limit: an inf median or mean, refused below
         bound = _OUTLIER_MEDIANS * float(np.median(positive)) if positive.size else math.inf
-    outliers = costs > bound
+        outliers = costs > bound
+        c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
     if outliers.any():
         logging.warning("c_ref: %d of %d turn costs exceed %.3g (10^4 x the median turn cost) and are left out of "
                         "the mean, the largest %.3g; check the logs' cost units, or set config reward.c_ref",
                         int(outliers.sum()), costs.size, bound, float(costs.max()))
-    with np.errstate(over="ignore"):
-        c_ref = float(np.mean(costs[~outliers])) if costs.size else 0.0
     if not (c_ref > 0 and math.isfinite(c_ref)):
+        largest = float(costs.max()) if costs.size else 0.0
         raise ConfigError(f"cannot derive c_ref from this corpus: the mean per-turn cost is {c_ref} (costs up to "
-                          f"{costs.max() if costs.size else 0:.3g}): check the logs' cost units, or set --config.reward.c_ref")
+                          f"{largest:.3g}): check the logs' cost units, or set --config.reward.c_ref")
     return c_ref
 
 

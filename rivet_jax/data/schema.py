@@ -284,15 +284,13 @@ def read_episodes(
                 episode = Episode.from_json(record, pool, path=path_str, line=where.line)
                 first = first_of_id.get(episode.episode_id)
                 if first is not None:
-                    first = first.removeprefix(f"{path_str}:")
                     raise where.error("episode_id", f"duplicate episode_id '{episode.episode_id}' (first on "
-                                                    f"{'line ' if ':' not in first else ''}{first})")
+                                                    f"{_place(first, path_str)})")
                 prompt, at = prompts.get(episode.task.id, (episode.task.prompt, ""))
                 if prompt != episode.task.prompt:
-                    at = at.removeprefix(f"{path_str}:")
                     raise where.error("task.prompt", f"task '{episode.task.id}' has another prompt than on "
-                                                     f"{'line ' if ':' not in at else ''}{at}: one task id, one "
-                                                     f"prompt (the split and the router read tasks by id)")
+                                                     f"{_place(at, path_str)}: one task id, one prompt (the split "
+                                                     f"and the router read tasks by id)")
             except DataError as err:
                 if not skip_invalid:
                     raise
@@ -303,6 +301,11 @@ def read_episodes(
             prompts.setdefault(episode.task.id, (episode.task.prompt, f"{path_str}:{where.line}"))
         check_enough_read(path_str, len(episodes) - kept, skipped[dropped:], max_skipped_fraction)
     return EpisodeFile(episodes=episodes, skipped=skipped)
+
+
+def _place(at: str, path: str) -> str:
+    """An earlier record's "file:line" as an error names it: "line N" in the same file."""
+    return f"line {at.removeprefix(path + ':')}" if at.startswith(path + ":") else at
 
 
 def check_enough_read(path: str, kept: int, skipped: list[DataError], max_skipped_fraction: float) -> None:

@@ -253,12 +253,8 @@ async def _chat_completions(request: Request) -> Response:
         family = request.headers.get(FAMILY_HEADER) or proxy.config.get("task_family") or None
         if family is not None:
             family = _checked_text(family, "task family")
-    except _TooLarge as error:
-        return _error(413, str(error))
-    except _NotJson as error:
-        return _error(415, str(error))
-    except RequestError as error:
-        return _error(400, str(error))
+    except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
+        return _error(error.status, str(error))
     if not given:  # the session is the task's hash: the open episode this history continues, else a fresh one
         session = proxy.recorder.resolve(session, conversation.task, conversation.history)
     # The feedback this request carries is logged (an fsync) while the router scores: it only has to be on disk
@@ -285,7 +281,7 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         start = time.perf_counter()
         call = open_stream if conversation.stream else complete
         try:
-                reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
+            reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
         except UpstreamFault as fault:
             proxy.fault(name, str(fault))
             failed.append(name)
@@ -367,12 +363,8 @@ async def _outcome(request: Request) -> Response:
         if not isinstance(body, dict) or "outcome" not in body:
             raise RequestError('the body must be {"outcome": <a number in [0, 1]>}')
         outcome = check_outcome(body["outcome"], Where("<request>", None))
-    except _TooLarge as error:
-        return _error(413, str(error))
-    except _NotJson as error:
-        return _error(415, str(error))
     except RequestError as error:
-        return _error(400, str(error))
+        return _error(error.status, str(error))
     except DataError as error:
         return _error(400, f"outcome: {error.why}")
     try:
@@ -397,11 +389,11 @@ async def _expire_forever(proxy: Proxy) -> None:
 
 
 class _TooLarge(RequestError):
-    """HTTP 413."""
+    status = 413
 
 
 class _NotJson(RequestError):
-    """HTTP 415."""
+    status = 415
 
 
 async def _json(request: Request, proxy: Proxy):

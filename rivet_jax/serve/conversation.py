@@ -32,7 +32,9 @@ _KEPT_KEYS = {"system": ("role", "content"), "user": ("role", "content"),
 
 
 class RequestError(ValueError):
-    """A malformed request: answered with HTTP 400 and this message, nothing routed or recorded."""
+    """A malformed request: answered with HTTP `status` (400 here) and this message, nothing routed or recorded."""
+
+    status = 400
 
 
 @dataclasses.dataclass(frozen=True)

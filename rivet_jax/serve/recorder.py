@@ -216,20 +216,17 @@ class Recorder:
         events: dict[str, list[dict]] = {}
         quarantined = []
         for line in read_lines(self.wal_path):
-            if line.error is not None and line.torn:  # cut short by a crash: nothing was answered on it
-                logging.warning("%s:%d: a torn last event is dropped (%s)", self.wal_path, line.number, line.error)
-                quarantined.append({"line": line.number, "why": f"torn: {line.error}",
-                                    "raw": line.raw.decode("utf-8", "replace")})
-                continue
             why = line.error
             if why is None:
                 try:
                     _apply(line.record, episodes, self.pool)
                 except (DataError, KeyError, TypeError, ValueError, IndexError) as error:
                     why = f"{type(error).__name__}: {error}"
+            elif line.torn:  # cut short by a crash: nothing was answered on it
+                why = f"torn: {why}"
             if why is not None:
-                logging.warning("%s:%d: a bad event is quarantined to %s (%s)", self.wal_path, line.number,
-                                self.quarantine_path, why)
+                logging.warning("%s:%d: an event that does not read is quarantined to %s (%s)", self.wal_path,
+                                line.number, self.quarantine_path, why)
                 quarantined.append({"line": line.number, "why": why, "raw": line.raw.decode("utf-8", "replace")})
                 continue
             event = line.record

@@ -16,7 +16,7 @@ from rivet_jax.data.files import decode_line, numbered_lines
 from rivet_jax.data.model_pool import ModelCard, ModelPool
 from rivet_jax.data.schema import Episode
 from rivet_jax.data.validation import (
-    MISSING, Where, as_int, as_number, as_str, parse_json, require_field, require_object,
+    MISSING, DataError, Where, as_int, as_number, as_str, parse_json, require_field, require_object,
 )
 
 __all__ = ["Conversion", "read_jsonl", "pool_model", "tokens_and_cost"]
@@ -30,12 +30,21 @@ class Conversion:
     notes: list[str]
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[Where, Any]]:
-    """(where, parsed object) per non-blank line; DataError for unreadable files and invalid JSON."""
+def read_jsonl(path: str | os.PathLike, skipped: list[DataError] | None = None) -> Iterator[tuple[Where, Any]]:
+    """(where, parsed object) per non-blank line; DataError for unreadable files and invalid JSON (a line that is
+    not JSON or not UTF-8 appended to `skipped` instead, when a list is given: skip mode)."""
     for where, raw in numbered_lines(os.fspath(path)):
-        text = decode_line(raw, where)
-        if text.strip():
-            yield where, parse_json(text, where)
+        try:
+            text = decode_line(raw, where)
+            if not text.strip():
+                continue
+            record = parse_json(text, where)
+        except DataError as error:
+            if skipped is None:
+                raise
+            skipped.append(error)
+            continue
+        yield where, record
 
 
 def pool_model(value: Any, pool: ModelPool, where: Where, field: str) -> ModelCard:

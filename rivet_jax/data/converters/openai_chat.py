@@ -57,14 +57,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rivet_jax.data.converters.common import pool_model, tokens_and_cost
-from rivet_jax.data.files import decode_line, numbered_lines
+from rivet_jax.data.converters.common import pool_model, read_jsonl, tokens_and_cost
 from rivet_jax.data.model_pool import ModelPool
 from rivet_jax.data.outcomes import check_outcome, scale_outcome
 from rivet_jax.data.schema import Episode, Task, Turn, check_enough_read
 from rivet_jax.data.validation import (
-    MISSING, DataError, Where, as_number, as_str, optional, parse_json, reject_unknown_keys, require_field,
-    require_object, wrong_type,
+    MISSING, DataError, Where, as_number, as_str, optional, reject_unknown_keys, require_field, require_object,
+    wrong_type,
 )
 
 __all__ = ["convert_openai_chat", "routing_state", "prompt_task_id", "content_text"]
@@ -120,7 +119,7 @@ def convert_openai_chat(path: str | os.PathLike, pool: ModelPool, outcome_scale:
     episodes: list[Episode] = []
     first_line: dict[str, int] = {}
     path_str = os.fspath(path)
-    for where, record in _records(path, skipped):
+    for where, record in read_jsonl(path, skipped):
         try:
             episode = _episode(record, pool, outcome_scale, where)
             first = first_line.get(episode.episode_id)
@@ -138,23 +137,6 @@ def convert_openai_chat(path: str | os.PathLike, pool: ModelPool, outcome_scale:
     if skipped is not None:
         check_enough_read(path_str, len(episodes), skipped, max_skipped_fraction)
     return episodes
-
-
-def _records(path, skipped: list[DataError] | None):
-    """(where, record) per non-blank line, as `read_jsonl` reads them; a line that is not JSON (or not UTF-8) is
-    appended to `skipped` when skipping."""
-    for where, raw in numbered_lines(os.fspath(path)):
-        try:
-            text = decode_line(raw, where)
-            if not text.strip():
-                continue
-            record = parse_json(text, where)
-        except DataError as error:
-            if skipped is None:
-                raise
-            skipped.append(error)
-            continue
-        yield where, record
 
 
 def _episode(record: Any, pool: ModelPool, outcome_scale: tuple[float, float] | None, where: Where) -> Episode:
