@@ -188,7 +188,8 @@ class OnlineRun:
     def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
         """The state and the filled rows of the new replay (the empty capacity is not written)."""
         self.check_finite(state)
-        filled = jax.tree.map(lambda x: x[:num_new], replay)
+        # Sliced on the host: a device slice would compile one program for every distinct num_new.
+        filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
         self.saved.save(self.progress.trajectories, {"state": saveable(state), "replay": filled},
                         {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new})
 
