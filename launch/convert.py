@@ -20,7 +20,7 @@ from rivet_jax.data import converters, schema
 
 _FORMAT = flags.DEFINE_enum("format", None, converters.FORMATS, "The input's format.")
 _INPUT = flags.DEFINE_string("input", None, "The logs: a JSONL file (openai), a .traj.json file or a directory of "
-                                            "them (mtrouter), a MINT data directory (mint).")
+                                            "them (mtrouter), a MINT data directory in any of its three layouts (mint).")
 _CARDS = flags.DEFINE_string("cards", None, "Model-card JSON file defining the pool; every logged model must be in it.")
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the episodes (JSONL).")
 _OUTCOME_SCALE = flags.DEFINE_string(

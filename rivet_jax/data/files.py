@@ -7,6 +7,7 @@ non-UTF-8 line or a half-written output is reported (or avoided) the same way ev
 from __future__ import annotations
 
 import glob
+import lzma
 import os
 import tempfile
 from collections.abc import Iterator
@@ -50,18 +51,26 @@ def numbered_lines(path: str) -> Iterator[tuple[Where, bytes]]:
     """(location, raw line) for each line of the file, numbered from 1; DataError if it cannot be opened.
 
     A line ends at LF, CR LF or a lone CR (old Mac files), so such a file is neither one long bad line nor
-    numbered differently from what an editor shows.
+    numbered differently from what an editor shows. A name ending in `.xz` is read through its decompression (the
+    line numbers are those of the decompressed text); a damaged or cut stream is a DataError at the line it reached.
     """
     try:
         # Latin-1 maps every byte to one character and back, so this reads bytes with Python's universal newlines;
         # UTF-8 is decoded line by line (`decode_line`) so that a bad byte fails its own line only. (No byte of a
         # multi-byte UTF-8 character is CR or LF, so no character is split.)
-        f = open(path, encoding="latin-1", newline=None)
+        if path.endswith(".xz"):
+            f = lzma.open(path, "rt", encoding="latin-1", newline=None)
+        else:
+            f = open(path, encoding="latin-1", newline=None)
     except OSError as err:
         raise open_error(path, err) from None
+    line_no = 0
     with f:
-        for line_no, line in enumerate(f, start=1):
-            yield Where(path, line_no), line.encode("latin-1")
+        try:
+            for line_no, line in enumerate(f, start=1):
+                yield Where(path, line_no), line.encode("latin-1")
+        except (lzma.LZMAError, EOFError) as err:  # EOFError: the stream ends before its end marker
+            raise DataError(path, line_no + 1, "<file>", f"the xz stream is damaged or cut short: {err}") from None
 
 
 def decode_line(raw: bytes, where: Where) -> str:

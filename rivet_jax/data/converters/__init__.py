@@ -3,8 +3,8 @@
 - `openai` (`openai_chat.py`): OpenAI chat-completions logs, one conversation per JSONL line (`id`, `messages`
   with `model` and `usage` on each assistant message, `outcome`).
 - `mtrouter` (`mtrouter.py`): MTRouter's `*.traj.json` trajectory files, one file or a directory tree of them.
-- `mint` (`mint.py`, with `mint_tasks.py` and `mint_tokens.py`): MINT's logs, this project's `../shared/mint` copy
-  or upstream mint-bench's `data/`.
+- `mint` (`mint.py`, with `mint_tasks.py` and `mint_tokens.py`): MINT's logs, this project's `../shared/mint` copy,
+  upstream mint-bench's `data/`, or the large pool's layout (`../shared/mint-large`: xz files, three categories).
 
 Each module's docstring documents its input with a small example and the mapping to episodes. `convert` is the one
 call `launch.convert` makes; `common.py` holds what the converters share.

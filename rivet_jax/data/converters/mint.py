@@ -19,8 +19,21 @@ turns every (model, task) log into one `Episode` of `rivet_jax.data.schema`:
   recorded no totals; their counted values are kept, and the corpus notes say so.
 - cost = price_in_per_mtok * prompt_tokens / 1e6 + price_out_per_mtok * completion_tokens / 1e6.
 
-Both directory layouts are read (this project's `../shared/mint` copy and upstream mint-bench's `data/`; see
-`mint_tasks`). Malformed input raises `DataError(path, line, field, why)` like the schema readers.
+Three directory layouts are read (this project's `../shared/mint` copy, upstream mint-bench's `data/` and the large
+pool `../shared/mint-large`; see `mint_tasks`). Malformed input raises `DataError(path, line, field, why)` like the
+schema readers.
+
+The large pool (49 models, 586 tasks in 8 subsets of three categories, xz-compressed) differs in what its records
+hold, and the conversion says so in its notes:
+- no task files: a task's prompt is the one most of its logs carry (ties: the earliest model in pool order); logs
+  with another wording are counted as prompt variants. Task ids may contain '/' (alfworld's game paths).
+- `token_counter` comes in three forms: prompt and completion totals (rescaled as above), a single total
+  `token_count` (the counted prompt and completion tokens rescaled together to it, so their split is estimated)
+  and `{}` (not recorded: counted values kept).
+- a model without logs on a subset is unavailable there: every turn of that subset's episodes lists the models
+  that have logs for it in `available` (left out when all do).
+- a log without any assistant message (the first call failed) is not an episode, but it is a logged fact about
+  committing to that model on that task: `MintCorpus.unanswered` lists these (task id, model) pairs.
 
 Task files and layouts are `rivet_jax.data.converters.mint_tasks` and token counting is
 `rivet_jax.data.converters.mint_tokens`; their public names are re-exported here, so this module stays the one
@@ -33,13 +46,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from absl import logging
+
 from rivet_jax.data.converters.common import read_jsonl
 from rivet_jax.data.converters.mint_tasks import (
-    UPSTREAM_RUN, MintLayout, detect_layout, model_dirs, parse_task_id, read_mint_tasks, read_task_file, result_subsets,
+    UPSTREAM_RUN, MintLayout, detect_layout, model_dirs, parse_task_id, read_mint_tasks, read_task_file,
 )
 from rivet_jax.data.converters.mint_tokens import (
     TokenCounter, WordPieceCounter, apportion, count_all, default_token_counter,
@@ -67,7 +83,10 @@ class MintCorpus:
     notes: list[str]  # human-readable: zero token counters, skipped episodes, API errors, ...
     zero_token_models: tuple[str, ...]  # models whose token_counter totals are all zero / absent
     skipped: tuple[str, ...]  # episode ids left out (no assistant message)
-    layout: str  # "shared" or "upstream"
+    layout: str  # "shared", "upstream" or "large"
+    unanswered: tuple[tuple[str, str], ...] = ()  # (task id, model) of the skipped logs: calls that failed
+    available: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # subset -> models with logs
+    categories: dict[str, str] = dataclasses.field(default_factory=dict)  # subset -> task category
 
     @property
     def n_transitions(self) -> int:
@@ -84,9 +103,11 @@ class _Log:
     where: Where
     messages: tuple[tuple[str, str], ...]  # (role, content), history[0] included
     success: bool
-    recorded: tuple[int, int] | None  # (prompt, completion) totals; None when not recorded (zero / absent)
+    # (prompt, completion) totals; an int: only the total was recorded; None when not recorded (zero / absent)
+    recorded: tuple[int, int] | int | None
     api_error: bool
     prompt_variant: bool  # the logged prompt words the task differently from the task file
+    logged_prompt: str = ""  # the record's task.prompt (the large layout takes its tasks from these)
 
 
 def _object(value: Any, where: Where, field: str) -> Mapping[str, Any]:
@@ -96,21 +117,28 @@ def _object(value: Any, where: Where, field: str) -> Mapping[str, Any]:
     return value
 
 
-def _parse_log(obj: Any, where: Where, model: str, subset: str, tasks: Mapping[str, Task],
-               task_file: Path) -> _Log:
+def _parse_log(obj: Any, where: Where, model: str, subset: str, tasks: Mapping[str, Task] | None,
+               task_file: Path | None) -> _Log:
+    """One record; `tasks` (None: the large layout, whose records carry their tasks) is what its task must be in."""
     record = _object(obj, where, "<record>")
     task = _object(require_field(record, "task", where, ""), where, "task")
-    key = parse_task_id(require_field(task, "task_id", where, "task."), where, "task.task_id")
-    if key not in tasks:
-        raise where.error("task.task_id", f"task {key!r} is not in the task file {task_file}")
-    # The logged prompt is the task file's prompt, stripped, sometimes behind an instruction prefix (theoremqa),
-    # and a few logs show an older wording of the same task (theoremqa 50-52: another closing sentence). The
-    # task file's prompt is used either way; a logged prompt that does not even start like it means the logs
-    # and the task file are of different task sets.
-    logged, expected = _squash(task.get("prompt")), _squash(tasks[key].prompt)
-    if logged and expected[:_PROMPT_HEAD] not in logged:
-        raise where.error("task.prompt", f"is not the prompt of task {key!r} in {task_file}")
-    variant = bool(logged) and expected not in logged
+    key = parse_task_id(require_field(task, "task_id", where, "task."), where, "task.task_id", slash=tasks is None)
+    variant = False
+    if tasks is not None:
+        if key not in tasks:
+            raise where.error("task.task_id", f"task {key!r} is not in the task file {task_file}")
+        # The logged prompt is the task file's prompt, stripped, sometimes behind an instruction prefix (theoremqa),
+        # and a few logs show an older wording of the same task (theoremqa 50-52: another closing sentence). The
+        # task file's prompt is used either way; a logged prompt that does not even start like it means the logs
+        # and the task file are of different task sets.
+        logged, expected = _squash(task.get("prompt")), _squash(tasks[key].prompt)
+        if logged and expected[:_PROMPT_HEAD] not in logged:
+            raise where.error("task.prompt", f"is not the prompt of task {key!r} in {task_file}")
+        variant = bool(logged) and expected not in logged
+    else:
+        prompt = require_field(task, "prompt", where, "task.")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise where.error("task.prompt", f"expected a non-empty str, got {prompt!r}")
     state = _object(require_field(record, "state", where, ""), where, "state")
     history = require_field(state, "history", where, "state.")
     if not isinstance(history, list) or not history:
@@ -132,7 +160,8 @@ def _parse_log(obj: Any, where: Where, model: str, subset: str, tasks: Mapping[s
     if not isinstance(success, bool) and success not in (0, 1):
         raise where.error("state.success", f"expected a bool, got {success!r}")
     return _Log(model, subset, key, where, tuple(messages), bool(success),
-                _recorded_tokens(state.get("token_counter"), where), state.get("error") is not None, variant)
+                _recorded_tokens(state.get("token_counter"), where), state.get("error") is not None, variant,
+                task["prompt"] if tasks is None else "")
 
 
 _PROMPT_HEAD = 60  # characters of the (whitespace-normalised) task prompt a logged prompt must contain
@@ -142,18 +171,23 @@ def _squash(text: Any) -> str:
     return " ".join(text.split()) if isinstance(text, str) else ""
 
 
-def _recorded_tokens(counter: Any, where: Where) -> tuple[int, int] | None:
-    # Anthropic logs have {} here; others zeros when nothing was recorded: both mean "unknown".
+def _recorded_tokens(counter: Any, where: Where) -> tuple[int, int] | int | None:
+    # Anthropic logs have {} here; others zeros when nothing was recorded: both mean "unknown". PaLM's logs (the
+    # large pool) hold one `token_count` total.
     if counter is None:
         return None
     counter = _object(counter, where, "state.token_counter")
+    keys = ("token_count",) if "token_count" in counter and "prompt_tokens" not in counter else (
+        "prompt_tokens", "completion_tokens")
     values = []
-    for key in ("prompt_tokens", "completion_tokens"):
+    for key in keys:
         value = counter.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise where.error(f"state.token_counter.{key}", f"expected an int >= 0, got {value!r}")
         values.append(value)
-    return None if values == [0, 0] else (values[0], values[1])
+    if not any(values):
+        return None
+    return values[0] if len(values) == 1 else (values[0], values[1])
 
 
 def _check_prices(pool: ModelPool, model: str, model_dir: Path) -> None:
@@ -204,22 +238,32 @@ def convert_mint(
         _check_prices(cards, model, found[model])
     selected.sort(key=cards.index)  # a model's index is its action id: keep the pool's order
 
-    subsets_of = {model: result_subsets(layout, found[model]) for model in selected}
-    subsets = sorted({s for model in selected for s in subsets_of[model]})
-    tasks_by_subset = {s: read_task_file(layout.task_file(s), s) for s in subsets}
+    files_of = {model: layout.results_files(found[model]) for model in selected}  # model -> {subset: file}
+    subsets = sorted({s for model in selected for s in files_of[model]})
+    task_files = {s: layout.task_file(s) for s in subsets} if layout.has_task_files else {}
+    tasks_by_subset = {s: read_task_file(path, s) for s, path in task_files.items()}
+    categories = {s: layout.category(files_of[m][s]) for m in selected for s in files_of[m]}
 
     logs: list[_Log] = []
-    for model in selected:
-        for subset in subsets_of[model]:
-            path = layout.results_file(found[model], subset)
+    for number, model in enumerate(selected, start=1):
+        if len(selected) > 10:  # the large pool: a line per model while its files are read
+            logging.info("reading MINT logs: model %d/%d (%s)", number, len(selected), model)
+        for subset, path in files_of[model].items():
             first_line: dict[str, int] = {}
             for where, obj in read_jsonl(path):
-                log = _parse_log(obj, where, model, subset, tasks_by_subset[subset], layout.task_file(subset))
+                log = _parse_log(obj, where, model, subset, tasks_by_subset.get(subset), task_files.get(subset))
                 if log.task_key in first_line:
                     raise where.error("task.task_id",
                                       f"duplicate task {log.task_key!r} (first on line {first_line[log.task_key]})")
                 first_line[log.task_key] = where.line
                 logs.append(log)
+    if not layout.has_task_files:
+        tasks_by_subset = _tasks_from_logs(logs, subsets)
+        logs = [dataclasses.replace(log, prompt_variant=log.logged_prompt != tasks_by_subset[log.subset][
+            log.task_key].prompt) for log in logs]
+    # Models without logs on a subset are unavailable on its tasks (None: every converted model is available).
+    available = {s: tuple(m for m in selected if s in files_of[m]) for s in subsets}
+    turn_available = {s: None if len(models) == len(selected) else models for s, models in available.items()}
 
     # Count every distinct message once, in one batch: tokenizer calls are the conversion's cost.
     texts = list(dict.fromkeys(content for log in logs for _, content in log.messages))
@@ -228,7 +272,8 @@ def convert_mint(
     episodes: list[Episode] = []
     skipped: list[str] = []
     variants: list[str] = []
-    stats = {model: _empty_stats(len(subsets_of[model])) for model in selected}
+    stats = {model: _empty_stats(len(files_of[model])) for model in selected}
+    unanswered: list[tuple[str, str]] = []
     for log in logs:
         episode_id = f"{log.model}/{log.subset}/{log.task_key}"
         s = stats[log.model]
@@ -236,9 +281,11 @@ def convert_mint(
         if log.prompt_variant:
             variants.append(episode_id)
             s["prompt_variants"] += 1
-        episode = _episode(log, episode_id, tasks_by_subset[log.subset][log.task_key], cards, counts, s)
+        task = tasks_by_subset[log.subset][log.task_key]
+        episode = _episode(log, episode_id, task, cards, counts, s, turn_available[log.subset])
         if episode is None:
             skipped.append(episode_id)
+            unanswered.append((task.id, log.model))
             s["skipped_no_response"] += 1
             continue
         episodes.append(episode)
@@ -251,11 +298,24 @@ def convert_mint(
         s["success_rate"] = s["successes"] / s["episodes"] if s["episodes"] else None
         s["cost_usd"] = math.fsum(s.pop("_costs"))
         logged = s["episodes"] + s["skipped_no_response"]
-        s["missing_tasks"] = sum(len(tasks_by_subset[x]) for x in subsets_of[model]) - logged
+        s["missing_tasks"] = sum(len(tasks_by_subset[x]) for x in files_of[model]) - logged
     tasks = {task.id: task for s in subsets for task in tasks_by_subset[s].values()}
-    notes = _notes(name, selected, stats, zero, skipped, variants, subsets)
+    notes = _notes(name, selected, stats, zero, skipped, variants, subsets, available)
     return MintCorpus(episodes=episodes, tasks=tasks, stats=stats, notes=notes, zero_token_models=zero,
-                      skipped=tuple(skipped), layout=name)
+                      skipped=tuple(skipped), layout=name, unanswered=tuple(unanswered), available=available,
+                      categories=categories)
+
+
+def _tasks_from_logs(logs: Sequence[_Log], subsets: Sequence[str]) -> dict[str, dict[str, Task]]:
+    """{subset: {task key: Task}} of the large layout: each task's prompt is the one most of its logs carry (ties:
+    the first log's, logs being in pool order), in order of first appearance."""
+    prompts: dict[tuple[str, str], Counter] = {}
+    for log in logs:
+        prompts.setdefault((log.subset, log.task_key), Counter())[log.logged_prompt] += 1
+    tasks: dict[str, dict[str, Task]] = {s: {} for s in subsets}
+    for (subset, key), counts in prompts.items():
+        tasks[subset][key] = Task(id=f"{subset}/{key}", prompt=counts.most_common(1)[0][0], family=subset)
+    return tasks
 
 
 def _empty_stats(n_subsets: int) -> dict:
@@ -265,7 +325,7 @@ def _empty_stats(n_subsets: int) -> dict:
 
 
 def _episode(log: _Log, episode_id: str, task: Task, pool: ModelPool, counts: Mapping[str, int],
-             stats: dict) -> Episode | None:
+             stats: dict, available: tuple[str, ...] | None = None) -> Episode | None:
     """The Episode of one log, or None when it has no assistant message (nothing was routed)."""
     tokens = [counts[content] for _, content in log.messages]
     before = [0]  # before[i] = tokens of messages[:i], what the call that wrote message i read
@@ -278,7 +338,11 @@ def _episode(log: _Log, episode_id: str, task: Task, pool: ModelPool, counts: Ma
     completion = [tokens[i] for i in calls]
     stats["counted_prompt_tokens"] += sum(prompt)
     stats["counted_completion_tokens"] += sum(completion)
-    if log.recorded is not None:
+    if isinstance(log.recorded, int):  # only the total: prompt and completion counts rescaled together to it
+        both = apportion(log.recorded, prompt + completion)
+        prompt, completion = both[:len(calls)], both[len(calls):]
+        stats["recorded_episodes"] += 1
+    elif log.recorded is not None:
         prompt, completion = apportion(log.recorded[0], prompt), apportion(log.recorded[1], completion)
         stats["recorded_episodes"] += 1
     card = pool.cards[pool.index(log.model)]
@@ -290,6 +354,7 @@ def _episode(log: _Log, episode_id: str, task: Task, pool: ModelPool, counts: Ma
             model=log.model, response=log.messages[i][1],
             feedback=following[1] if following is not None and following[0] == "user" else "",
             prompt_tokens=prompt[k], completion_tokens=completion[k], cost=cost, propensity=1.0,
+            available=available,
         ))
         stats["_costs"].append(cost)
     stats["episodes"] += 1
@@ -301,8 +366,13 @@ def _episode(log: _Log, episode_id: str, task: Task, pool: ModelPool, counts: Ma
 
 
 def _notes(layout: str, models: Sequence[str], stats: Mapping[str, dict], zero: Sequence[str],
-           skipped: Sequence[str], variants: Sequence[str], subsets: Sequence[str]) -> list[str]:
+           skipped: Sequence[str], variants: Sequence[str], subsets: Sequence[str],
+           available: Mapping[str, Sequence[str]]) -> list[str]:
     notes = [f"layout: {layout}; models: {', '.join(models)}; subsets: {', '.join(subsets)}"]
+    for subset, have in available.items():
+        if len(have) < len(models):
+            notes.append(f"no logs on {subset} for {', '.join(m for m in models if m not in have)}: unavailable on "
+                         "its tasks")
     if zero:
         notes.append(
             f"token_counter not recorded (zero or empty) for {', '.join(zero)}: their per-turn tokens are the "
@@ -316,8 +386,9 @@ def _notes(layout: str, models: Sequence[str], stats: Mapping[str, dict], zero: 
         shown = ", ".join(skipped[:10]) + (" ..." if len(skipped) > 10 else "")
         notes.append(f"{len(skipped)} episode(s) without any assistant message skipped: {shown}")
     if variants:
-        notes.append(f"{len(variants)} log(s) word the task differently from the task file (the task file's prompt "
-                     f"is used): {', '.join(variants)}")
+        source = "the task file's prompt" if layout != "large" else "the prompt most of the task's logs carry"
+        shown = ", ".join(variants[:10]) + (" ..." if len(variants) > 10 else "")
+        notes.append(f"{len(variants)} log(s) word the task differently ({source} is used): {shown}")
     errors = {m: stats[m]["api_errors"] for m in models if stats[m]["api_errors"]}
     if errors:
         notes.append(

