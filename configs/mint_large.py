@@ -1,0 +1,37 @@
+r"""RIVET on MINT's large pool (49 models x 586 tasks in 8 subsets of three categories), offline, evaluated exactly.
+
+  python -m launch.mint --config=configs/mint_large.py --workdir=/tmp/rivet_mint_large
+
+`--config.mint_dir` points at the large pool's layout (default ../shared/mint-large). The tasks are split per
+subset by `make_manifest` with the fractions and seed below (written to <workdir>/corpus/splits.json). Some models
+have no logs on a subset: there they are unavailable, and no router may choose them. The `tiny` variant trains
+briefly on two tasks per subset and split (tests).
+"""
+
+import ml_collections
+
+from configs import mint
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    if arg not in ("", "tiny"):
+        raise ValueError(f"unknown config variant {arg!r}; known: '', 'tiny'")
+    config = mint.get_config(arg)
+    config.mint_dir = "../shared/mint-large"
+    # About 107,000 logged turns: the hashing encoder embeds them in seconds on a CPU. The MiniLM encoder
+    # (--config.encoder.name=minilm) reads each state through a 256-token window: hours on two CPU cores.
+    config.encoder = ml_collections.ConfigDict({"name": "hashing", "dim": 1024})
+    config.compare_hashing = False
+
+    exp = config.experiment
+    exp.split_fractions = (0.15, 0.35)  # validation, test: per subset (test) and over all tasks (validation)
+    exp.split_seed = 42
+    exp.seeds = (42, 43, 44)
+    exp.betas = (0.0, 1.0)
+    exp.lambdas = (0.0, 0.05, 0.1, 0.2)
+    exp.reference_model = "gpt-4-0613"
+    if arg == "tiny":
+        exp.seeds = (0, 1)
+        exp.lambdas = (0.0, 0.05)
+        exp.max_tasks_per_subset = 2
+    return config

@@ -1,0 +1,171 @@
+"""The MINT logs as a committed-routing table: the converted episodes split into train / validation / test tasks,
+what each (task, model) commitment logged, which models each task has available, and the fixed-model policies
+scored on it (every model, the best fixed model of the training tasks, the best fixed model per task family,
+random in expectation, the per-task oracle). `rivet_jax.experiments.mint` trains and scores the routers on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rivet_jax.data.converters.mint import convert_mint
+from rivet_jax.data.replay import reference_cost
+from rivet_jax.data.schema import read_model_cards, write_episodes, write_model_cards
+from rivet_jax.evaluation import discounted_return
+from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
+
+__all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
+           "fixed_ranking", "family_choice"]
+
+
+class MintData:
+    """The converted logs split into train / validation / test tasks, and the logged (task, model) outcome/cost
+    table.
+
+    The split: the shipped manifest (the six-model pool's 316 tasks), or, where `config.experiment.split_fractions`
+    is set (the large pool), `make_manifest` over the converted tasks with those validation and test fractions per
+    subset and `config.experiment.split_seed`: configured and seeded, never chosen by results; written to
+    `<workdir>/corpus/splits.json`. A model without logs on a task's subset is unavailable on it
+    (`available[task]`); a logged call that failed before any answer (`MintCorpus.unanswered`) is a failure at
+    no cost, which is what committing to that model got.
+    """
+
+    def __init__(self, config, workdir: Path):
+        mint_dir = Path(config.mint_dir)
+        if not mint_dir.is_dir():
+            raise FileNotFoundError(f"MINT data not found at {mint_dir}: pass --config.mint_dir=<your copy of MINT's "
+                                    f"data folder>")
+        self.pool = read_model_cards(config.cards or mint_dir / "model_cards.json")
+        corpus = convert_mint(mint_dir, self.pool)
+        self.tasks = {e.task.id: e.task for e in corpus.episodes}
+        manifest = _manifest(config.experiment, self.tasks)
+        limit = config.experiment.get("max_tasks_per_subset")
+        self.split = {name: _first_per_subset(manifest[name], limit) if limit else list(manifest[name])
+                      for name in ("train", "validation", "test")}
+        by_split = {name: set(ids) for name, ids in self.split.items()}
+        self.episodes = {name: [e for e in corpus.episodes if e.task.id in ids] for name, ids in by_split.items()}
+        self.available = {t: corpus.available.get(task.family, tuple(self.pool.names))
+                          for t, task in self.tasks.items()}
+        self.table = {(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
+                      for e in corpus.episodes}
+        self.table.update({key: (0, 0.0) for key in corpus.unanswered if key[0] in self.tasks})
+        self.logged = {(e.task.id, e.turns[0].model): e for e in corpus.episodes}  # (task, model) -> its episode
+        self.notes = corpus.notes
+        directory = workdir / "corpus"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.train_path, self.cards_path = directory / "train_episodes.jsonl", directory / "model_cards.json"
+        write_episodes(self.train_path, self.episodes["train"])
+        write_model_cards(self.cards_path, self.pool)
+        (directory / "splits.json").write_text(json.dumps(self.split, indent=1) + "\n", encoding="utf-8")
+        self.c_ref = reference_cost(self.episodes["train"])
+
+    def episode_return(self, task_id: str, model: str, lam: float, gamma: float) -> float:
+        """J (Eq. 2) of committing to `model` on the task: its logged episode's, 0 for a call that failed."""
+        episode = self.logged.get((task_id, model))
+        return 0.0 if episode is None else discounted_return(episode, lam, gamma, self.c_ref)
+
+    def mask(self, task_ids: Sequence[str], names: Sequence[str]) -> np.ndarray:
+        """(T, M) bool: which of `names` are available on each task."""
+        return np.array([[m in self.available[t] for m in names] for t in task_ids])
+
+
+def _manifest(experiment, tasks: dict) -> dict:
+    """The shipped manifest, or one made over `tasks` with the configured fractions (see MintData)."""
+    fractions = experiment.get("split_fractions")
+    if not fractions:
+        return load_manifest()
+    validation, test = fractions
+    by_subset: dict[str, list[str]] = {}
+    for task in tasks.values():
+        by_subset.setdefault(task.family, []).append(task.id.split("/", 1)[1])
+    return make_manifest(by_subset, experiment.split_seed,
+                         test_counts={s: round(test * len(ids)) for s, ids in by_subset.items()},
+                         n_validation=round(validation * len(tasks)))
+
+
+def _first_per_subset(task_ids: Sequence[str], count: int) -> list[str]:
+    """The first `count` task ids of each subset (the tiny variant), in manifest order."""
+    seen: dict[str, int] = {}
+    kept = []
+    for task_id in task_ids:
+        subset = task_id.split("/")[0]
+        if seen.get(subset, 0) < count:
+            seen[subset] = seen.get(subset, 0) + 1
+            kept.append(task_id)
+    return kept
+
+
+def committed(data: MintData, choose: Callable[[str], str], reference: float, lam: float, gamma: float,
+               split: str = "test") -> dict:
+    """Accuracy, total cost and mean return J (Eq. 2 of the committed model's logged episode, at `lam` and c_ref) on
+    the split's tasks when `choose(task_id)` commits to a model (one the task has available)."""
+    chosen = [(t, choose(t)) for t in data.split[split]]
+    unavailable = [(t, m) for t, m in chosen if m not in data.available[t]]
+    if unavailable:
+        raise ValueError(f"a router committed to a model unavailable on the task: {unavailable[:3]}")
+    picks = [data.table[key] for key in chosen]
+    cost = float(sum(c for _, c in picks))
+    return {"accuracy": float(np.mean([y for y, _ in picks])), "cost_usd": cost, "cost_rel": cost / reference,
+            "return": float(np.mean([data.episode_return(t, m, lam, gamma) for t, m in chosen]))}
+
+
+def expected_random(data: MintData, reference: float, lam: float, gamma: float) -> dict:
+    """The random router's committed routing in expectation: every available model equally likely per task."""
+    tasks = data.split["test"]
+    per_task = [[(*data.table[(t, m)], data.episode_return(t, m, lam, gamma)) for m in data.available[t]]
+                for t in tasks]
+    cost = float(sum(np.mean([c for _, c, _ in rows]) for rows in per_task))
+    return {"accuracy": float(np.mean([np.mean([y for y, _, _ in rows]) for rows in per_task])), "cost_usd": cost,
+            "cost_rel": cost / reference, "return": float(np.mean([np.mean([j for _, _, j in rows])
+                                                                   for rows in per_task]))}
+
+
+def oracle_choice(data: MintData, task_id: str) -> str:
+    """The cheapest of the available models with the task's best outcome: on 0/1 outcomes the cheapest model that
+    succeeded, and if none did, the cheapest model."""
+    logged = {m: data.table[(task_id, m)] for m in data.available[task_id]}
+    best = max(y for y, _ in logged.values())
+    return min((m for m, (y, _) in logged.items() if y == best), key=lambda m: logged[m][1])
+
+
+def fixed_choice(data: MintData, model: str, fallback: Sequence[str]) -> Callable[[str], str]:
+    """task id -> `model` where it is available, else the first available model of `fallback` (a ranking)."""
+    def choose(task_id: str) -> str:
+        return next(m for m in (model, *fallback) if m in data.available[task_id])
+    return choose
+
+
+def training_returns(data: MintData, lam: float, gamma: float) -> dict[str, float]:
+    """Each model's mean J over the training tasks it is available on (failed calls count, at J 0)."""
+    returns = {}
+    for m in data.pool.names:
+        values = [data.episode_return(t, m, lam, gamma) for t in data.split["train"] if m in data.available[t]]
+        if values:
+            returns[m] = float(np.mean(values))
+    return returns
+
+
+def fixed_ranking(data: MintData, lam: float, gamma: float) -> list[str]:
+    """The models by mean training J, best first; those available on every training task before the others (a
+    model missing a hard subset would otherwise rank on the easier tasks alone)."""
+    returns = training_returns(data, lam, gamma)
+    everywhere = {m for m in returns if all(m in data.available[t] for t in data.split["train"])}
+    return sorted(returns, key=lambda m: (m not in everywhere, -returns[m]))
+
+
+def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], str]:
+    """The best fixed model per task family: on each family (subset), the model with the best mean J over that
+    family's training tasks among those available on it."""
+    best = {}
+    for family in {data.tasks[t].family for t in data.tasks}:
+        train = [t for t in data.split["train"] if data.tasks[t].family == family]
+        candidates = [m for m in data.pool.names if train and all(m in data.available[t] for t in train)]
+        if candidates:
+            best[family] = max(candidates, key=lambda m: np.mean([data.episode_return(t, m, lam, gamma)
+                                                                  for t in train]))
+    fallback = fixed_ranking(data, lam, gamma)
+    return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
