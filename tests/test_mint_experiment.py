@@ -201,3 +201,25 @@ def test_recentred_keeps_unavailable_models_out_and_centres_on_available_rows():
     got = recentred(q, q_train, floor=np.array([0.5, 0.1]), k=1.0)
     # centres: a (1 + 3) / 2 = 2, b 2 (its available row only)
     np.testing.assert_allclose(got, [[0.5, -np.inf], [-1.5, 2.1]])
+
+
+def test_paired_gains_and_families_by_hand():
+    from rivet_jax.experiments.mint_data import by_family, paired_intervals
+
+    available = {t: ("a", "b", "c") for t in ("x1", "x2", "y1", "y2")}
+    families = {"x1": "x", "x2": "x", "y1": "y", "y2": "y"}
+    outcomes = {(t, m): (int(m == ("a" if t.startswith("x") else "b")), 1.0) for t in available for m in "abc"}
+    data = _hand_data(outcomes, available, families, {"train": [], "validation": [], "test": list(available)})
+    routers = {"per family": [lambda t: "a" if t.startswith("x") else "b"], "always a": [lambda t: "a"],
+               "two runs": [lambda t: "a", lambda t: "b"]}   # solves each task in one of its two runs
+    rows = {r["router"]: r for r in paired_intervals(data, routers, "per family", 0.0, 1.0, resamples=200)}
+    assert [rows[n]["return"] for n in routers] == [1.0, 0.5, 0.5]
+    assert rows["per family"]["gain"] == 0 and rows["per family"]["gain_low"] == rows["per family"]["gain_high"] == 0
+    # always a: a per-task difference of 0 (x) or 1 (y); every resample's mean lies in [0, 1]
+    assert rows["always a"]["gain"] == 0.5 and 0 <= rows["always a"]["gain_low"] <= 0.5 <= rows["always a"][
+        "gain_high"] <= 1
+    # two runs: every task gets 1/2, so every resample's difference is exactly 1/2
+    assert rows["two runs"]["gain_low"] == rows["two runs"]["gain_high"] == 0.5
+    table = {(r["family"], r["router"]): r for r in by_family(data, routers, 0.0, 1.0)}
+    assert table[("y", "always a")]["accuracy"] == 0 and table[("x", "always a")]["accuracy"] == 1
+    assert table[("x", "two runs")]["cost_usd"] == 2.0  # two tasks at 1.0, averaged over the two runs

@@ -183,3 +183,11 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     # m-c is unavailable on alfworld: its fixed row takes the best fixed model of the training tasks there
     assert all(0 <= r["accuracy"] <= rows["oracle (per task)"]["accuracy"] + 1e-12 for r in rows.values())
     assert "no logs on alfworld for m-c" in " ".join(result["meta"]["notes"])
+    # the paired table compares the validated commitment with every router on the same task resamples; per family
+    paired = {r["router"]: r for r in result["experiments"]["paired_gains"]}
+    assert paired[mint.VALIDATED]["gain"] == 0 and paired[mint.BEST_PER_FAMILY]["return"] == pytest.approx(
+        rows[mint.BEST_PER_FAMILY]["return"])
+    assert all(r["gain_low"] <= r["gain"] <= r["gain_high"] for r in paired.values())
+    families = {(r["family"], r["router"]): r for r in result["experiments"]["by_family"]}
+    assert families[("gsm8k", mint.BEST_PER_FAMILY)]["accuracy"] == 1.0
+    assert families[("alfworld", mint.BEST_PER_FAMILY)]["accuracy"] == pytest.approx(solved / len(alfworld_test))

@@ -43,8 +43,9 @@ from rivet_jax.data.schema import Episode
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
-from rivet_jax.experiments.mint_data import (MintData, committed, expected_random, family_choice, fixed_choice,
-                                             fixed_ranking, oracle_choice, training_returns)
+from rivet_jax.experiments.mint_data import (MintData, by_family, committed, expected_random, family_choice,
+                                             fixed_choice, fixed_ranking, oracle_choice, paired_intervals,
+                                             training_returns)
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
                                           write_outputs)
 from rivet_jax.router import Router
@@ -233,6 +234,14 @@ TABLES = {
     "commitment_selection": ("Validated commitment: mean validation J over the runs for each stage and shrinkage k "
                              "(k = 0: the best fixed model; the chosen one, in bold, is scored on test)",
                              lambda rows: _selection_table(rows)),
+    "paired_gains": ("RIVET's validated commitment against each router on the test tasks: J with a 95% bootstrap "
+                     "interval over tasks, and the paired gain J(validated) - J(router) on the same resamples",
+                     [("router", "router", -1), ("return", "J", 3), ("ci95_low", "95% low", 3),
+                      ("ci95_high", "95% high", 3), ("gain", "gain", 3), ("gain_low", "gain low", 3),
+                      ("gain_high", "gain high", 3), ("tasks", "tasks", -1)]),
+    "by_family": ("Committed routing per task family (subset) on the test tasks (mean over runs)",
+                  [("family", "family", -1), ("router", "router", -1), ("tasks", "tasks", -1),
+                   ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3)]),
     "value_prediction": ("Value-prediction error on held-out tasks: MSE of Q_route(s_t, m_t) vs G_t (95% interval "
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
@@ -345,7 +354,11 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     # A call that failed before any answer has no turns to trace.
     committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]
                                if (t, choose(t)) in data.logged] for name, fns in choosers.items()}
+    compared = {name: choosers[name] for name in (VALIDATED, BEST_PER_FAMILY, BEST_FIXED, "Weighted kNN",
+                                                  "MTRouter-style", RIVET, COMMITTED, "oracle (per task)")}
     experiments = {"committed_routing": committed_rows, "commitment_selection": selection_rows,
+                   "paired_gains": paired_intervals(data, compared, VALIDATED, lam, gamma, seed=config.seed),
+                   "by_family": by_family(data, compared, lam, gamma),
                    "value_prediction": value_rows, "lambda_sweep": sweep_rows,
                    "post_error": [{"router": name, **{k: v for k, v in traces.post_error(eps).items()
                                                       if k != "by_class"}}

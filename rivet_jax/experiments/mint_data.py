@@ -17,9 +17,10 @@ from rivet_jax.data.replay import reference_cost
 from rivet_jax.data.schema import read_model_cards, write_episodes, write_model_cards
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
+from rivet_jax.ope import bootstrap_counts
 
 __all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
-           "fixed_ranking", "family_choice"]
+           "fixed_ranking", "family_choice", "per_task_returns", "paired_intervals", "by_family"]
 
 
 class MintData:
@@ -169,3 +170,43 @@ def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], s
                                                                   for t in train]))
     fallback = fixed_ranking(data, lam, gamma)
     return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
+
+
+def per_task_returns(data: MintData, choices: Sequence[Callable[[str], str]], lam: float, gamma: float,
+                     split: str = "test") -> np.ndarray:
+    """(T,) each task's J under a router, averaged over its runs (one choice function per run)."""
+    return np.mean([[data.episode_return(t, choose(t), lam, gamma) for t in data.split[split]] for choose in choices],
+                   axis=0)
+
+
+def paired_intervals(data: MintData, routers: dict[str, Sequence[Callable[[str], str]]], against: str, lam: float,
+                     gamma: float, resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """Each router's test J with a 95% bootstrap interval over tasks (the clusters: a task's difficulty moves
+    every router), and the paired difference J(against) - J(router) on the same resamples, with its interval."""
+    values = {name: per_task_returns(data, fns, lam, gamma) for name, fns in routers.items()}   # name -> (T,)
+    tasks = len(data.split["test"])
+    counts = bootstrap_counts(np.arange(tasks), resamples, seed)                                 # (B, T)
+    draws = {name: counts @ v / tasks for name, v in values.items()}                            # name -> (B,)
+    rows = []
+    for name, v in values.items():
+        low, high = np.percentile(draws[name], [2.5, 97.5])
+        d_low, d_high = np.percentile(draws[against] - draws[name], [2.5, 97.5])
+        rows.append({"router": name, "return": float(v.mean()), "ci95_low": float(low), "ci95_high": float(high),
+                     "gain": float(values[against].mean() - v.mean()), "gain_low": float(d_low),
+                     "gain_high": float(d_high), "tasks": tasks})
+    return rows
+
+
+def by_family(data: MintData, routers: dict[str, Sequence[Callable[[str], str]]], lam: float, gamma: float
+              ) -> list[dict]:
+    """Accuracy, cost and J of each router on each task family's test tasks (mean over its runs)."""
+    rows = []
+    for family in sorted({data.tasks[t].family for t in data.split["test"]}):
+        tasks = [t for t in data.split["test"] if data.tasks[t].family == family]
+        for name, fns in routers.items():
+            picks = [(t, choose(t)) for choose in fns for t in tasks]
+            rows.append({"family": family, "router": name, "tasks": len(tasks),
+                         "accuracy": float(np.mean([data.table[k][0] for k in picks])),
+                         "cost_usd": float(sum(data.table[k][1] for k in picks)) / len(fns),
+                         "return": float(np.mean([data.episode_return(*k, lam, gamma) for k in picks]))})
+    return rows
