@@ -33,11 +33,16 @@ def test_tiny_mint_experiment(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"committed_routing", "commitment_selection", "value_prediction", "lambda_sweep",
-                                "post_error", "stage_preferences"}
+                                "post_error", "stage_preferences", "paired_gains", "by_family"}
     rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
     assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
             "RIVET", "RIVET (committed value: MC stage)", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
     assert rows["fixed:gpt-4-0613"]["cost_rel"] == pytest.approx(1.0)
+    # the best fixed model per task family is a row like the others; the paired table compares the validated
+    # commitment with the routers (itself: a gain of exactly 0)
+    assert "Best fixed per family (train)" in rows
+    paired = {r["router"]: r for r in experiments["paired_gains"]["rows"]}
+    assert paired[VALIDATED]["gain"] == 0 and set(paired) <= set(rows)
     # the per-task oracle is at least as accurate as every committed policy (it sees the logged outcomes)
     assert all(rows["oracle (per task)"]["accuracy"] >= r["accuracy"] - 1e-12 for r in rows.values())
     assert rows["RIVET"]["encoder"] == "minilm"
