@@ -1,5 +1,6 @@
 """Helpers the test files share (fixtures that build something are in conftest.py)."""
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -109,3 +110,14 @@ RECORD_LAYOUTS = textwrap.dedent("""
                                                                                           jax.tree.leaves(b)))
 """)
 
+
+
+@contextlib.contextmanager
+def upstream_servers(make_app, names):
+    """One local upstream per model name, serving `make_app(name, modes[name])`; yields (servers, modes), `modes[name]`
+    a dict the test changes to switch that upstream's behaviour."""
+    from rivet_jax.serve.fake import ServerThread  # deferred: uvicorn only for the proxy's tests
+
+    modes = {name: {} for name in names}
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(ServerThread(make_app(name, modes[name]))) for name in names}, modes

@@ -28,7 +28,7 @@ from rivet_jax.serve.conversation import converter_messages
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from rivet_jax.serve.fake import COMPLETION_TOKENS, ServerThread, answer, fake_upstream, free_port
-from tests.common import tiny_config
+from tests.common import tiny_config, upstream_servers
 
 REPO = Path(__file__).resolve().parents[1]
 SERVED = ("apex-flash", "llama-70b", "quill-9b")   # three of the demo pool's six models have a backend
@@ -49,13 +49,8 @@ def router(workdir) -> Router:
 @pytest.fixture(scope="module")
 def upstreams():
     """One fake upstream per served model; `modes[name]` switches it to failing or hanging."""
-    modes = {name: {} for name in SERVED}
-    servers = {name: ServerThread(fake_upstream(name, modes[name])) for name in SERVED}
-    for server in servers.values():
-        server.__enter__()
-    yield servers, modes
-    for server in servers.values():
-        server.__exit__()
+    with upstream_servers(fake_upstream, SERVED) as (servers, modes):
+        yield servers, modes
 
 
 def serve_config(**overrides):

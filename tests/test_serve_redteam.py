@@ -31,6 +31,7 @@ from rivet_jax.serve.fake import ServerThread, fake_upstream
 from rivet_jax.serve.journal import LogDirBusyError
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
+from tests.common import upstream_servers
 
 SERVED = ("apex-flash", "llama-70b", "quill-9b")
 TASK = "Find the capital of the country with the largest population in South America."
@@ -137,13 +138,8 @@ def misbehave(kind: str, model: str, body: dict, request: Request) -> Response:
 
 @pytest.fixture(scope="module")
 def upstreams():
-    modes = {name: {} for name in SERVED}
-    servers = {name: ServerThread(hostile(name, modes[name])) for name in SERVED}
-    for server in servers.values():
-        server.__enter__()
-    yield servers, modes
-    for server in servers.values():
-        server.__exit__()
+    with upstream_servers(hostile, SERVED) as (servers, modes):
+        yield servers, modes
 
 
 @pytest.fixture

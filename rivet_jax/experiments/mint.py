@@ -26,6 +26,7 @@ report.md, results.json, results/.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -297,9 +298,11 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                       for name, (choose,) in choosers.items()]
     committed_rows.append({"router": "random (expected)", "encoder": "",
                            **expected_random(data, reference, lam, gamma)})
-    choosers["oracle (per task)"] = [lambda t: oracle_choice(data, t)]
-    choosers["Weighted kNN"] = [lambda t: knn.choose(data.tasks[t], data.available[t])]
-    choosers["MTRouter-style"] = [lambda t: mtrouter.act(data.tasks[t], (), data.available[t], None)[0]]
+    # Each chosen once per task: the tables, paired intervals and traces below all ask again.
+    choosers["oracle (per task)"] = [functools.cache(lambda t: oracle_choice(data, t))]
+    choosers["Weighted kNN"] = [functools.cache(lambda t: knn.choose(data.tasks[t], data.available[t]))]
+    choosers["MTRouter-style"] = [functools.cache(
+        lambda t: mtrouter.act(data.tasks[t], (), data.available[t], None)[0])]
     choosers[BEST_FIXED] = [fixed_choice(data, ranking[0], ranking)]
     choosers[BEST_PER_FAMILY] = [family_choice(data, lam, gamma)]
     committed_rows += [{"router": name, "encoder": encoder_name if name in ("Weighted kNN", "MTRouter-style") else "",
@@ -352,8 +355,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
     # A call that failed before any answer has no turns to trace.
-    committed_traces = {name: [data.logged[(t, choose(t))] for choose in fns for t in data.split["test"]
-                               if (t, choose(t)) in data.logged] for name, fns in choosers.items()}
+    picks = {name: [(t, choose(t)) for choose in fns for t in data.split["test"]] for name, fns in choosers.items()}
+    committed_traces = {name: [data.logged[key] for key in keys if key in data.logged] for name, keys in picks.items()}
     compared = {name: choosers[name] for name in (VALIDATED, BEST_PER_FAMILY, BEST_FIXED, "Weighted kNN",
                                                   "MTRouter-style", RIVET, COMMITTED, "oracle (per task)")}
     experiments = {"committed_routing": committed_rows, "commitment_selection": selection_rows,

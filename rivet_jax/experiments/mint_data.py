@@ -42,18 +42,17 @@ class MintData:
                                     f"data folder>")
         self.pool = read_model_cards(config.cards or mint_dir / "model_cards.json")
         corpus = convert_mint(mint_dir, self.pool)
-        self.tasks = {e.task.id: e.task for e in corpus.episodes}
+        self.tasks = corpus.tasks
         manifest = _manifest(config.experiment, self.tasks)
         limit = config.experiment.get("max_tasks_per_subset")
         self.split = {name: _first_per_subset(manifest[name], limit) if limit else list(manifest[name])
                       for name in ("train", "validation", "test")}
         by_split = {name: set(ids) for name, ids in self.split.items()}
         self.episodes = {name: [e for e in corpus.episodes if e.task.id in ids] for name, ids in by_split.items()}
-        self.available = {t: corpus.available.get(task.family, tuple(self.pool.names))
-                          for t, task in self.tasks.items()}
+        self.available = {t: corpus.available[task.family] for t, task in self.tasks.items()}
         self.table = {(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
                       for e in corpus.episodes}
-        self.table.update({key: (0, 0.0) for key in corpus.unanswered if key[0] in self.tasks})
+        self.table.update({key: (0, 0.0) for key in corpus.unanswered})
         self.logged = {(e.task.id, e.turns[0].model): e for e in corpus.episodes}  # (task, model) -> its episode
         self.notes = corpus.notes
         directory = workdir / "corpus"

@@ -106,7 +106,7 @@ class _Log:
     # (prompt, completion) totals; an int: only the total was recorded; None when not recorded (zero / absent)
     recorded: tuple[int, int] | int | None
     api_error: bool
-    prompt_variant: bool  # the logged prompt words the task differently from the task file
+    prompt_variant: bool  # the logged prompt words the task differently from the task file (layouts with one)
     logged_prompt: str = ""  # the record's task.prompt (the large layout takes its tasks from these)
 
 
@@ -259,8 +259,6 @@ def convert_mint(
                 logs.append(log)
     if not layout.has_task_files:
         tasks_by_subset = _tasks_from_logs(logs, subsets)
-        logs = [dataclasses.replace(log, prompt_variant=log.logged_prompt != tasks_by_subset[log.subset][
-            log.task_key].prompt) for log in logs]
     # Models without logs on a subset are unavailable on its tasks (None: every converted model is available).
     available = {s: tuple(m for m in selected if s in files_of[m]) for s in subsets}
     turn_available = {s: None if len(models) == len(selected) else models for s, models in available.items()}
@@ -278,10 +276,11 @@ def convert_mint(
         episode_id = f"{log.model}/{log.subset}/{log.task_key}"
         s = stats[log.model]
         s["api_errors"] += log.api_error
-        if log.prompt_variant:
+        task = tasks_by_subset[log.subset][log.task_key]
+        # With task files the parser compared the logged prompt with the file's; else with the one most logs carry.
+        if log.prompt_variant if layout.has_task_files else log.logged_prompt != task.prompt:
             variants.append(episode_id)
             s["prompt_variants"] += 1
-        task = tasks_by_subset[log.subset][log.task_key]
         episode = _episode(log, episode_id, task, cards, counts, s, turn_available[log.subset])
         if episode is None:
             skipped.append(episode_id)
