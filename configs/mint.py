@@ -24,8 +24,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # time). Its window is 256 tokens, so states are serialized within that budget: the task and the two latest
     # turns always, earlier turns while they fit (earliest dropped first).
     # prefix_reuse (qwen3 only): an episode's turn-states from one pass, exactly (encoders/prefix_reuse.py).
+    # max_length: the encoder's window in tokens (0 = the checkpoint's: 256 for MiniLM), responses included.
     config.encoder = ml_collections.ConfigDict({"name": "minilm", "path": "", "batch_size": 64, "dtype": "float32",
-                                                "prefix_reuse": True})
+                                                "prefix_reuse": True, "max_length": 0})
     config.max_state_tokens = 256
     config.compare_hashing = True              # also train with the hashing encoder (dim 1024) for comparison
 
@@ -49,7 +50,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.experiment.mtrouter_epochs = 2
         config.experiment.knn_k = 3
         config.experiment.max_tasks_per_subset = 2  # two tasks per subset and split: 10 per split
-        config.max_state_tokens = 64                # MiniLM time grows with the state length
+        config.max_state_tokens = 64                # MiniLM time grows with the state length ...
+        config.encoder.max_length = 64              # ... and with the responses', read through the same window
         config.compare_hashing = False
     elif arg:
         raise ValueError(f"unknown config variant {arg!r}; known: '', 'tiny'")

@@ -76,8 +76,8 @@ def run_launcher(capfd, name: str, *args: str) -> Launched:
 
 def cpu_env(devices: int) -> dict:
     """A subprocess environment with `devices` simulated CPU devices (never leaking into this process)."""
-    return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu",
-            "PYTHONPATH": str(REPO)}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    return {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
 
 
 def run_on_eight_devices(script: str, *args) -> str:

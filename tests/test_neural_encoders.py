@@ -115,6 +115,19 @@ def test_minilm_protocol_tokens_and_fingerprint(minilm):
 
 
 @needs_minilm
+def test_minilm_shorter_window_truncates_there_and_is_in_the_fingerprint(minilm):
+    short = make_encoder({"name": "minilm", "max_length": 8})
+    assert short.max_length == 8 and "max_len=8" in short.fingerprint and short.fingerprint != minilm.fingerprint
+    assert [len(ids) for ids in short.tokenize(["a " * 600, "Hello there!"])] == [8, 5]
+    # A text inside the window gets the full window's vector; a longer one that of its first 6 tokens.
+    vectors = short.encode(["Hello there!", "one two three four five six seven eight"])
+    np.testing.assert_allclose(vectors, minilm.encode(["Hello there!", "one two three four five six"]), atol=1e-5)
+    assert make_encoder({"name": "minilm", "max_length": 0}).max_length == 256  # 0: the checkpoint's window
+    with pytest.raises(ValueError, match="max_length"):
+        make_encoder({"name": "minilm", "max_length": 2})
+
+
+@needs_minilm
 def test_bert_params_match_the_module_and_accept_a_bert_prefix(minilm):
     init_shapes = shapes(
         jax.eval_shape(minilm.model.init, jax.random.key(0), np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32))
@@ -340,13 +353,13 @@ print("ok", worst)
 
 @needs_qwen3_tiny
 def test_encoder_pass_splits_batches_over_local_devices_with_the_same_vectors(tmp_path):
-    import os
     import subprocess
     import sys
 
+    from tests.common import cpu_env
+
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONPATH": str(repo)}
+    env = cpu_env(4)
     result = subprocess.run([sys.executable, "-c", SHARDED_ENCODER_SCRIPT, str(QWEN3_TINY)], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

