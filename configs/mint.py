@@ -41,6 +41,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Validated commitment: the shrinkage grid toward the per-model floor, searched in this order (ties keep the
     # earlier, less shrunk value); 0 = the best fixed model by training return.
     config.experiment.shrinkage = (1.0, 0.75, 0.5, 0.25, 0.0)
+    # New models from their cards (rivet_jax/experiments/mint_new_models.py): `draws` seeded draws of k models held
+    # out of training and routed to from their cards (0 draws: off; six models leave too few to learn from), and
+    # the models of new_models_dir (a directory in the layout of ../shared/mint-large), never trained on.
+    config.experiment.new_models = ml_collections.ConfigDict({"draws": 0, "k": 5, "seed": 2028})
+    config.new_models_dir = ""
 
     if arg == "tiny":
         config.experiment.seeds = (0, 1)

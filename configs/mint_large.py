@@ -35,10 +35,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     exp.betas = (0.0, 1.0)
     exp.lambdas = (0.0, 0.05, 0.1)
     exp.reference_model = "gpt-4-0613"
+    exp.new_models.draws = 3  # 3 draws of 5 of the 49 models (seed 2028), set before any result
     if arg == "tiny":
         config.optim.batch_size = 16
         config.td_epochs = 3
         exp.seeds = (0, 1)
         exp.lambdas = (0.0, 0.05)
         exp.max_tasks_per_subset = 2
+        exp.new_models.draws, exp.new_models.k = 1, 1
     return config

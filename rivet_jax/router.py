@@ -31,8 +31,8 @@ import ml_collections
 import numpy as np
 
 from rivet_jax import checkpointing
-from rivet_jax.data.cards import card_features, placeholder_cards
-from rivet_jax.data.schema import ModelPool, Turn
+from rivet_jax.data.cards import card_features, placeholder_cards, with_new_cards
+from rivet_jax.data.schema import ModelCard, ModelPool, Turn
 from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
@@ -123,7 +123,8 @@ class Router:
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
                  card_embeddings: np.ndarray, c_ref: float | None = None, stacked: bool = False,
-                 pessimism: float = 0.0, recentring: Recentring | None = None, commit: bool = False):
+                 pessimism: float = 0.0, recentring: Recentring | None = None, commit: bool = False,
+                 capability_names: tuple[str, ...] | None = None):
         self.pool = pool
         self.recentring = recentring  # scores recentred on the per-model floor (None: Q_route as trained)
         self.commit = commit          # True: after the first turn, keep calling the previous turn's model
@@ -135,7 +136,9 @@ class Router:
         rve = rve_params(params)
         self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
         self._card_embeddings = card_embeddings
-        card_x, card_mask = card_features(pool)
+        # The card flags the network was trained to read (its pool's; a router with new models keeps them).
+        self._capability_names = pool.capability_names if capability_names is None else capability_names
+        card_x, card_mask = card_features(pool, self._capability_names)
         self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
 
     @classmethod
@@ -210,7 +213,7 @@ class Router:
                 raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
-                   stacked=True, pessimism=pessimism)
+                   stacked=True, pessimism=pessimism, capability_names=first._capability_names)
 
     def deployed_as(self, recentring: Recentring | None, commit: bool) -> "Router":
         """This router (the same parameters, shared) scoring with `recentring` and `commit`: a candidate of
@@ -218,6 +221,18 @@ class Router:
         router = copy.copy(self)
         router.recentring, router.commit = recentring, commit
         return router
+
+    def with_new_models(self, cards: Sequence[ModelCard]) -> "Router":
+        """This router over its pool plus `cards`: models it has never seen logged, scored from their cards alone
+        (the RVE reads only a model's card, never its identity). Their descriptions are embedded by the router's
+        encoder and their fields read with the flags of the pool it was trained on; its own models keep their
+        action ids, the new ones follow in the order given."""
+        if self.recentring is not None:
+            raise ValueError("this router's scores are recentred on per-model floors of its own pool; add new models "
+                             "to the router it was deployed from (Router.from_checkpoint(workdir, stage=...))")
+        pool, embeddings = with_new_cards(self.pool, self._card_embeddings, cards, self.encoder)
+        return Router(self._params, pool, self.encoder, self.config, embeddings, c_ref=self.c_ref, stacked=True,
+                      pessimism=self.pessimism, commit=self.commit, capability_names=self._capability_names)
 
     @property
     def members(self) -> int:

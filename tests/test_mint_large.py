@@ -10,11 +10,12 @@ import json
 import lzma
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.files import numbered_lines
-from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_model_cards
+from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_episodes, read_model_cards
 
 SHARED_LARGE = Path(__file__).resolve().parents[2] / "shared" / "mint-large"
 
@@ -165,8 +166,11 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     solves = {("m-a", "gsm8k"): range(6), ("m-b", "humaneval"): range(6), ("m-a", "alfworld"): (0, 2, 4),
               ("m-c", "gsm8k"): (0,)}
     root = write_pool(tmp_path / "pool", POOL, solves, {"m-c": ("alfworld",)})
+    # a model from another directory, never trained on: cheap, solves every humaneval task, no alfworld logs
+    newcomer = ModelPool((ModelCard("m-new", "Model New.", 4096, 0.1, 0.1),))
+    new_dir = write_pool(tmp_path / "new", newcomer, {("m-new", "humaneval"): range(6)}, {"m-new": ("alfworld",)})
     config = mint_large.get_config("tiny")
-    config.mint_dir = str(root)
+    config.mint_dir, config.new_models_dir = str(root), str(new_dir)
     config.experiment.max_tasks_per_subset = None
     config.experiment.reference_model = "m-b"
     result = mint.run_mint(config, tmp_path / "work")
@@ -191,3 +195,27 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     families = {(r["family"], r["router"]): r for r in result["experiments"]["by_family"]}
     assert families[("gsm8k", mint.BEST_PER_FAMILY)]["accuracy"] == 1.0
     assert families[("alfworld", mint.BEST_PER_FAMILY)]["accuracy"] == pytest.approx(solved / len(alfworld_test))
+
+    # New models from their cards: one leave-1-model-out draw (tiny), then the newcomer of new_models_dir
+    new_rows = result["experiments"]["new_models"]
+    draw = {r["router"]: r for r in new_rows if r["draw"] == "1"}
+    held = draw["RIVET with their cards"]["new_models"]
+    assert held in POOL.names and set(draw) == {
+        "RIVET ignoring the new models", "RIVET with their cards", "RIVET trained with their logs",
+        "MTRouter-style ignoring them", "MTRouter-style with their cards", "Best fixed per family (train, known models)"}
+    trained = read_episodes(tmp_path / "work" / "new_models" / "draw_0" / "corpus" / "train_episodes.jsonl",
+                            POOL).episodes
+    assert trained and all(e.turns[0].model != held for e in trained)  # the held-out model's logs are not trained on
+    # "trained with their logs" is the main runs' validated commitment, on the same test tasks
+    assert draw["RIVET trained with their logs"]["return"] == pytest.approx(rows[mint.VALIDATED]["return"])
+    added = {r["router"]: r for r in new_rows if r["draw"] == str(new_dir)}
+    assert added["RIVET with their cards"]["new_models"] == "m-new"
+    # the newcomer's router ignoring it is the main validated commitment itself
+    assert added["RIVET ignoring the new models"]["return"] == pytest.approx(rows[mint.VALIDATED]["return"])
+    for r in (*draw.values(), *added.values()):
+        if "new_share" in r:
+            assert 0 <= r["new_share"] <= 1 and (r["new_share"] == 0) == np.isnan(r["new_success"])
+    with_cards, ignoring = added["RIVET with their cards"], added["RIVET ignoring the new models"]
+    assert with_cards["gain_vs_ignoring"] == pytest.approx(with_cards["return"] - ignoring["return"])
+    report = (tmp_path / "work" / "report.md").read_text()
+    assert "New models from their cards" in report

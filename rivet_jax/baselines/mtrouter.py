@@ -32,9 +32,9 @@ import numpy as np
 import optax
 
 from rivet_jax import checkpointing
-from rivet_jax.data.cards import card_features
+from rivet_jax.data.cards import card_features, with_new_cards
 from rivet_jax.data.replay import Replay, build_replay, reference_cost
-from rivet_jax.data.schema import Episode, ModelPool, Task
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.learner import make_optimizer
@@ -179,7 +179,7 @@ class MTRouter:
     def __init__(self, net: MTRouterNet, params: Any, pool: ModelPool, encoder: Encoder,
                  card_embeddings: np.ndarray, *, lam: float, count_tokens: TokenCounter,
                  max_tokens: int = DEFAULT_MAX_TOKENS, episode_cost: float = 1.0, c_ref: float = 1.0,
-                 history: Sequence[dict] = ()):
+                 history: Sequence[dict] = (), capability_names: tuple[str, ...] | None = None):
         self.pool = pool
         self.encoder = encoder
         self.lam = float(lam)
@@ -190,7 +190,10 @@ class MTRouter:
         self.history = list(history)      # per-epoch mean losses of the fit
         self.params = params
         self._net = net
-        card_x, card_mask = card_features(pool)
+        self._card_embeddings = card_embeddings
+        # The card flags the estimators were fitted to read (a router with new models keeps them).
+        self._capability_names = pool.capability_names if capability_names is None else capability_names
+        card_x, card_mask = card_features(pool, self._capability_names)
         self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
 
     @classmethod
@@ -222,6 +225,14 @@ class MTRouter:
         return cls(net, state.params, pool, store.encoder, np.asarray(data.cards()[0]), lam=lam,
                    count_tokens=count_tokens, max_tokens=max_tokens, episode_cost=scale,
                    c_ref=reference_cost(episodes) if c_ref is None else c_ref, history=history)
+
+    def with_new_models(self, cards: Sequence[ModelCard]) -> "MTRouter":
+        """These estimators over the pool plus `cards`: models never seen logged, scored from their cards alone
+        (as `Router.with_new_models`)."""
+        pool, embeddings = with_new_cards(self.pool, self._card_embeddings, cards, self.encoder)
+        return MTRouter(self._net, self.params, pool, self.encoder, embeddings, lam=self.lam,
+                        count_tokens=self.count_tokens, max_tokens=self.max_tokens, episode_cost=self.episode_cost,
+                        c_ref=self.c_ref, history=self.history, capability_names=self._capability_names)
 
     def with_lam(self, lam: float) -> "MTRouter":
         """The same estimators routing with another cost coefficient (no refit needed)."""

@@ -7,10 +7,14 @@ other models share the pool and a candidate subset at deployment sees exactly th
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from rivet_jax.data.schema import ModelCard, ModelPool
+
+if TYPE_CHECKING:
+    from rivet_jax.encoders.base import Encoder
 
 # log10(context tokens): 4k -> -0.4, 100k -> 1.0 ; log10(USD per Mtok): $0.1 -> -0.5, $60 -> 0.9.
 _CONTEXT_LOG10_CENTER = 4.0
@@ -39,12 +43,27 @@ def _card_row(card: ModelCard, capability_names: tuple[str, ...]) -> list[float 
     return row
 
 
-def card_features(pool: ModelPool) -> tuple[np.ndarray, np.ndarray]:
-    """Returns x (M, F) float32 with zeros where unknown, and mask (M, F) float32, 1 where the field is known."""
-    rows = [_card_row(card, pool.capability_names) for card in pool.cards]
+def card_features(pool: ModelPool, capability_names: tuple[str, ...] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Returns x (M, F) float32 with zeros where unknown, and mask (M, F) float32, 1 where the field is known.
+
+    `capability_names`: the flags to read (default: the pool's own). A router scoring models it was not trained on
+    reads their cards with the flags of the pool it was trained on, so F and each column's meaning stay its own."""
+    flags = pool.capability_names if capability_names is None else capability_names
+    rows = [_card_row(card, flags) for card in pool.cards]
     mask = np.array([[v is not None for v in row] for row in rows], np.float32)
     x = np.array([[0.0 if v is None else v for v in row] for row in rows], np.float32)
     return x, mask
+
+
+def with_new_cards(pool: ModelPool, card_embeddings: np.ndarray, new_cards: Sequence[ModelCard],
+                   encoder: Encoder) -> tuple[ModelPool, np.ndarray]:
+    """(pool + new_cards, their card embeddings (M + K, D)) for a card-conditioned scorer trained on `pool`: the new
+    models' descriptions embedded by its encoder. Read their fields with `card_features(extended, the trained
+    pool's capability_names)`: models it was never trained on are then scored from their cards alone."""
+    extended = ModelPool(pool.cards + tuple(new_cards))  # refuses a name the pool already has
+    new = np.asarray(encoder.encode([card.description for card in new_cards]), np.float32)
+    return extended, np.concatenate([np.asarray(card_embeddings, np.float32), new])
 
 
 def placeholder_cards(pool: ModelPool, state_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

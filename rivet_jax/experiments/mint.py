@@ -40,13 +40,15 @@ from rivet_jax.baselines.best_fixed import BEST_FIXED
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
 from rivet_jax.data.replay import episode_rows
-from rivet_jax.data.schema import Episode
+from rivet_jax.data.converters.mint import convert_mint
+from rivet_jax.data.schema import Episode, read_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
+from rivet_jax.experiments.mint_new_models import draw_dir, held_out_draws, mean_rows, new_model_rows
 from rivet_jax.experiments.mint_data import (MintData, by_family, committed, expected_random, family_choice,
                                              fixed_choice, fixed_ranking, oracle_choice, paired_intervals,
-                                             training_returns)
+                                             recentred, training_returns)
 from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
                                           write_outputs)
 from rivet_jax.router import Router
@@ -105,21 +107,6 @@ def _argmax_choice(scores: np.ndarray, names: Sequence[str], task_ids: Sequence[
 def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Callable[[str], str]:
     """The router's first-state choice for every test task."""
     return _argmax_choice(_first_state_scores(router, data, store, "test"), router.pool.names, data.split["test"])
-
-
-def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -> np.ndarray:
-    """Committed-value scores (T, M): each model's mean logged return over the training tasks (`floor`, (M,)) plus k
-    times the router's task-specific deviation from its own training mean (`q_train`, (N, M)).
-
-    k = 0 commits to the best fixed model; k = 1 keeps the router's differences between tasks at the logged level of
-    each model. The level matters for the TD stage, whose Q(s_0, m) values calling m first and routing on; the
-    shrinkage matters when 140 training tasks leave per-task differences noisier than the models' margins.
-    """
-    # A model's centre is over the training tasks it is available on (its other scores are -inf), and it stays
-    # unavailable where it was.
-    centre = np.nanmean(np.where(np.isfinite(q_train), q_train, np.nan), axis=0, keepdims=True)   # (1, M)
-    available = np.isfinite(q)
-    return np.where(available, floor[None, :] + k * np.where(available, q - centre, 0.0), -np.inf)
 
 
 def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, store: EmbeddingStore, lam: float,
@@ -226,6 +213,12 @@ NOTES = {
         "shrinks the per-task differences toward it by k; the stage and k are chosen on the validation tasks "
         "(see the selection table), so where validation finds no per-task signal it commits to the best fixed "
         "model, and says so."),
+    "new_models": (
+        "Nothing here is chosen with the new models' logs: each draw's runs train on the other models' episodes; "
+        "the validated commitment's stage and k are chosen on validation among the known models (the row "
+        "'ignoring the new models'); a new model's floor is the router's own mean score for it over the training "
+        "tasks, corrected by its mean error on the known models' logged floors. Their logs only score the choices. "
+        "'trained with their logs' is the main runs' validated commitment (the same test tasks)."),
 }
 
 TABLES = {
@@ -247,11 +240,51 @@ TABLES = {
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
                           ("ci95_low", "95% low", 4), ("ci95_high", "95% high", 4), ("seeds", "seeds", -1)]),
+    "new_models": ("New models from their cards: each leave-k-models-out draw (then the mean over draws) and the "
+                   "models of new_models_dir, routed to over the whole pool on the test tasks; `new share`: the "
+                   "first choices that go to new models, `new success`: their accuracy there, `gain`: J against the "
+                   "same router ignoring them",
+                   [("draw", "draw", -1), ("new_models", "new models", -1), ("router", "router", -1),
+                    ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3),
+                    ("new_share", "new share", 3), ("new_success", "new success", 3),
+                    ("gain_vs_ignoring", "gain", 3)]),
     "lambda_sweep": ("Committed routing across lambda (RIVET: TD, MC stage, validated commitment) with the fixed "
                      "models and the oracle",
                      [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
 }
+
+
+# ---------------------------------------------------------------------------------------------- new models
+
+
+def _new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, reference: float,
+                validated: Sequence[Callable[[str], str]], stages: dict[str, list[Router]], chosen: dict,
+                log: Callable[[str], None]) -> list[dict]:
+    """Leave-k-models-out draws and the models of `config.new_models_dir`, routed to from their cards
+    (rivet_jax.experiments.mint_new_models); each draw's rows, then their means."""
+    exp, lam, gamma = config.experiment, config.reward.lam, config.reward.gamma
+    plan = exp.new_models
+    new_dir = config.get("new_models_dir") or ""
+    log(f"[5/5] new models from their cards: {plan.draws} leave-{plan.k}-models-out draw(s)"
+        + (f", the models of {new_dir}" if new_dir else ""))
+    rows = []
+    for d, held in enumerate(held_out_draws(data.pool.names, plan.k, plan.draws, plan.seed)):
+        log(f"  draw {d + 1}/{plan.draws}: trained without {', '.join(held)}")
+        known = data.without(held, draw_dir(workdir, d) / "corpus")
+        dirs = _train(config, known, draw_dir(workdir, d), {RIVET: {"loss.beta": 1.0}}, exp.seeds)[RIVET]
+        own = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
+        ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage)
+        rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
+                               config, reference, _first_state_scores, ignoring, validated)
+    if plan.draws > 1:
+        rows += mean_rows(rows)
+    if new_dir:
+        pool = read_model_cards(Path(new_dir) / "model_cards.json")
+        wider = data.with_models(pool, convert_mint(Path(new_dir), pool))
+        rows += new_model_rows(f"{new_dir}", pool.names, wider, data, stages, chosen, store, config, reference,
+                               _first_state_scores, validated, None)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -264,7 +297,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     def log(message: str) -> None:
         logging.info("%s (%.0fs elapsed)", message, time.perf_counter() - started)
 
-    log("[1/4] convert the MINT logs and split them by the manifest")
+    log("[1/5] convert the MINT logs and split them by the manifest")
     data = MintData(config, workdir)
     log(f"  {sum(len(v) for v in data.episodes.values())} episodes; train {len(data.split['train'])}, validation "
         f"{len(data.split['validation'])}, test {len(data.split['test'])} tasks; c_ref {data.c_ref:.6f}")
@@ -273,7 +306,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     lam, gamma = config.reward.lam, config.reward.gamma
     reference = committed(data, lambda t: ref_model, 1.0, lam, gamma)["cost_usd"]
 
-    log("[2/4] train RIVET variants (MC + TD) for every seed")
+    log("[2/5] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
     run_dirs = _train(config, data, workdir, variants, exp.seeds)
     routers = {name: _routers(dirs) for name, dirs in run_dirs.items()}
@@ -284,7 +317,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         hashing_routers = _routers(_train(config, data, workdir, {"hashing beta=1": {**hashing, "loss.beta": 1.0}},
                                           exp.seeds)["hashing beta=1"])
 
-    log("[3/4] fit the baselines and evaluate")
+    log("[3/5] fit the baselines and evaluate")
     train_eps = data.episodes["train"]
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
@@ -336,7 +369,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         value_rows.append({"variant": "beta=1", "encoder": "hashing", **_interval(
             [value_error(r, test_eps, config.reward.gamma, stores["hashing"]) for r in hashing_routers])})
 
-    log("[4/4] lambda sweep of committed routing")
+    log("[4/5] lambda sweep of committed routing")
     sweep_rows = []
     swept = _train(config, data, workdir, {f"lambda={x:g}": {"reward.lam": float(x)} for x in exp.lambdas
                                            if float(x) != float(lam)}, exp.sweep_seeds)
@@ -354,6 +387,10 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
 
+    new_rows = _new_models(config, data, workdir, store, reference, choosers[VALIDATED],
+                           {"td": named[RIVET], "mc": named[COMMITTED]},
+                           next(r for r in selection_rows if r["chosen"] and r["lambda"] == float(lam)), log)
+
     # A call that failed before any answer has no turns to trace.
     picks = {name: [(t, choose(t)) for choose in fns for t in data.split["test"]] for name, fns in choosers.items()}
     committed_traces = {name: [data.logged[key] for key in keys if key in data.logged] for name, keys in picks.items()}
@@ -369,6 +406,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                    "stage_preferences": [{"router": name, "stage": stage, **shares}
                                          for name, eps in committed_traces.items()
                                          for stage, shares in traces.stage_preferences(eps, data.pool.names).items()]}
+    if new_rows:
+        experiments["new_models"] = new_rows
     meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
             "summary": (f"MINT logs (six models, {len(data.tasks)} tasks), manifest split train "

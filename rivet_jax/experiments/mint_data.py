@@ -6,21 +6,24 @@ random in expectation, the per-task oracle). `rivet_jax.experiments.mint` trains
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from rivet_jax.data.converters.mint import convert_mint
+from rivet_jax.data.converters.mint import MintCorpus, convert_mint
 from rivet_jax.data.replay import reference_cost
-from rivet_jax.data.schema import read_model_cards, write_episodes, write_model_cards
+from rivet_jax.data.schema import Episode, ModelPool, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
 from rivet_jax.ope import bootstrap_counts
 
 __all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
-           "fixed_ranking", "family_choice", "per_task_returns", "paired_intervals", "by_family"]
+           "fixed_ranking", "family_choice", "centre_of", "recentred", "per_task_returns", "paired_intervals",
+           "by_family"]
 
 
 class MintData:
@@ -63,6 +66,39 @@ class MintData:
         (directory / "splits.json").write_text(json.dumps(self.split, indent=1) + "\n", encoding="utf-8")
         self.c_ref = reference_cost(self.episodes["train"])
 
+    def without(self, held_out: Sequence[str], directory: Path) -> "MintData":
+        """These logs with the `held_out` models taken out of the pool, of every task's available models and of the
+        training episodes (written to `directory`, with the reduced pool's cards, for training there). Their
+        logged outcomes stay in the table: a router that routes to them from their cards is scored with them."""
+        known = [m for m in self.pool.names if m not in set(held_out)]
+        data = copy.copy(self)
+        data.pool = self.pool.subset(known)
+        data.available = {t: [m for m in models if m in known] for t, models in self.available.items()}
+        data.episodes = {name: [_within(e, known) for e in eps if e.turns[0].model in known]
+                         for name, eps in self.episodes.items()}
+        directory.mkdir(parents=True, exist_ok=True)
+        data.train_path, data.cards_path = directory / "train_episodes.jsonl", directory / "model_cards.json"
+        write_episodes(data.train_path, data.episodes["train"])
+        write_model_cards(data.cards_path, data.pool)
+        return data
+
+    def with_models(self, pool: ModelPool, corpus: MintCorpus) -> "MintData":
+        """These logs with models from elsewhere added (`pool`, their converted logs `corpus` on the same tasks):
+        available where they have logs, scored by them, never trained on (the training files stay these)."""
+        clash = sorted(set(pool.names) & set(self.pool.names))
+        if clash:
+            raise ValueError(f"new models already in the pool: {clash}; a new model needs a name of its own")
+        data = copy.copy(self)
+        data.pool = ModelPool(self.pool.cards + pool.cards)
+        data.available = {t: [*models, *corpus.available.get(self.tasks[t].family, [])]
+                          for t, models in self.available.items()}
+        ours = [e for e in corpus.episodes if e.task.id in self.tasks]
+        data.table = {**self.table, **{(e.task.id, e.turns[0].model): (e.outcome, sum(t.cost for t in e.turns))
+                                       for e in ours},
+                      **{key: (0, 0.0) for key in corpus.unanswered if key[0] in self.tasks}}
+        data.logged = {**self.logged, **{(e.task.id, e.turns[0].model): e for e in ours}}
+        return data
+
     def episode_return(self, task_id: str, model: str, lam: float, gamma: float) -> float:
         """J (Eq. 2) of committing to `model` on the task: its logged episode's, 0 for a call that failed."""
         episode = self.logged.get((task_id, model))
@@ -71,6 +107,14 @@ class MintData:
     def mask(self, task_ids: Sequence[str], names: Sequence[str]) -> np.ndarray:
         """(T, M) bool: which of `names` are available on each task."""
         return np.array([[m in self.available[t] for m in names] for t in task_ids])
+
+
+def _within(episode: Episode, names: Sequence[str]) -> Episode:
+    """The episode with each turn's available models cut down to `names` (a turn listing none keeps None)."""
+    turns = tuple(t if t.available is None else dataclasses.replace(t, available=tuple(m for m in t.available
+                                                                                      if m in names))
+                  for t in episode.turns)
+    return dataclasses.replace(episode, turns=turns)
 
 
 def _manifest(experiment, tasks: dict) -> dict:
@@ -169,6 +213,24 @@ def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], s
                                                                   for t in train]))
     fallback = fixed_ranking(data, lam, gamma)
     return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
+
+
+def centre_of(q_train: np.ndarray) -> np.ndarray:
+    """(M,) each model's mean score over the training tasks it is available on (its other scores are -inf)."""
+    return np.nanmean(np.where(np.isfinite(q_train), q_train, np.nan), axis=0)
+
+
+def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -> np.ndarray:
+    """Committed-value scores (T, M): each model's mean logged return over the training tasks (`floor`, (M,)) plus k
+    times the router's task-specific deviation from its own training mean (`q_train`, (N, M)).
+
+    k = 0 commits to the best fixed model; k = 1 keeps the router's differences between tasks at the logged level of
+    each model. The level matters for the TD stage, whose Q(s_0, m) values calling m first and routing on; the
+    shrinkage matters when 140 training tasks leave per-task differences noisier than the models' margins.
+    """
+    centre = centre_of(q_train)[None, :]                                                            # (1, M)
+    available = np.isfinite(q)  # a model stays unavailable where it was
+    return np.where(available, floor[None, :] + k * np.where(available, q - centre, 0.0), -np.inf)
 
 
 def per_task_returns(data: MintData, choices: Sequence[Callable[[str], str]], lam: float, gamma: float,

@@ -1,0 +1,141 @@
+"""New models routed to from their cards alone (`launch.mint`: `config.experiment.new_models`, `config.new_models_dir`).
+
+RIVET's RVE reads a candidate only through its card (description embedding, prices, context, capability flags), so a
+router can score a model it has never seen logged. Two ways to ask whether that helps, on committed routing:
+
+  leave-k-models-out   for each of `draws` seeded draws, k models of the pool are held out; RIVET (beta = 1, the
+                       configured seeds) trains on the other models' training episodes only, then routes over the
+                       whole pool, the held-out models known by their cards and prices only.
+  new_models_dir       models of another directory (the layout of ../shared/mint-large: cards and logs), never
+                       trained on, added by their cards to the routers of the main runs.
+
+Nothing is chosen with the new models' logs, which are read only to score the choices on the test tasks: the
+stage and shrinkage k of the validated commitment are chosen on the validation tasks among the known models (that
+is the router that ignores the new models), and a new model's floor, its level before the task-specific part, is
+the router's own mean score for it over the training tasks, corrected by the router's mean error on the known
+models' floors (their logged mean returns). Rows per draw: the router ignoring the new models, the same router with
+their cards, RIVET trained with their logs (leave-k-out only: the main runs' validated commitment), the
+MTRouter-style estimators (the baseline that also scores a model from its card) without and with the new cards,
+and the best fixed model per family among the known models. For each router with new models: the share of first
+choices that go to them, the success of those choices, and the J gained against ignoring them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from rivet_jax.baselines.mtrouter import MTRouter
+from rivet_jax.data.schema import ModelCard
+from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.experiments.mint_data import (MintData, centre_of, committed, family_choice, recentred,
+                                             training_returns)
+from rivet_jax.router import Router
+
+__all__ = ["held_out_draws", "card_floor", "card_commitment", "new_model_rows"]
+
+Chooser = Callable[[str], str]
+Scores = Callable[[Router, MintData, EmbeddingStore, str], np.ndarray]  # Q_route(s_0, m) (T, M) on a split's tasks
+
+
+def held_out_draws(names: Sequence[str], k: int, draws: int, seed: int) -> list[tuple[str, ...]]:
+    """`draws` sets of k models each (pool order within a set), drawn uniformly without replacement per draw."""
+    if not 0 < k < len(names):
+        raise ValueError(f"new_models.k must be between 1 and the pool size - 1 ({len(names) - 1}), got {k}")
+    rng = np.random.default_rng(seed)
+    return [tuple(names[i] for i in sorted(rng.choice(len(names), size=k, replace=False))) for _ in range(draws)]
+
+
+def card_floor(logged: dict[str, float], centre: np.ndarray, names: Sequence[str]) -> np.ndarray:
+    """(M,) each model's floor: its logged mean training return where it has one; else the router's own mean
+    score over the training tasks (`centre`) plus the router's mean error on the logged floors."""
+    known = [i for i, m in enumerate(names) if m in logged]
+    offset = float(np.mean([logged[names[i]] - centre[i] for i in known]))
+    return np.array([logged[m] if m in logged else centre[i] + offset for i, m in enumerate(names)])
+
+
+def card_commitment(routers: Sequence[Router], cards: Sequence[ModelCard], data: MintData, known: MintData,
+                    store: EmbeddingStore, k: float, lam: float, gamma: float,
+                    scores: Scores) -> list[Chooser]:
+    """Each router's test choices over its pool plus `cards` (`data`: the tables with the new models' logs, for
+    availability and scoring), recentred on `card_floor` with the shrinkage k chosen on the known models."""
+    logged = training_returns(known, lam, gamma)
+    choices = []
+    for router in routers:
+        wide = router.with_new_models(cards)
+        train, test = scores(wide, data, store, "train"), scores(wide, data, store, "test")
+        floor = card_floor(logged, centre_of(train), wide.pool.names)
+        best = np.argmax(recentred(test, train, floor, k), axis=1)
+        choices.append(dict(zip(data.split["test"], (wide.pool.names[int(b)] for b in best))).__getitem__)
+    return choices
+
+
+def _with_cards(name: str, choosers: Sequence[Chooser], ignoring: Sequence[Chooser], new: set[str],
+                data: MintData, reference: float, lam: float, gamma: float) -> dict:
+    """A router with new models: its committed row, the share of its choices on new models, their success there,
+    and its J gained against `ignoring` (the same router without them)."""
+    row = _row(name, choosers, data, reference, lam, gamma)
+    picks = [(t, choose(t)) for choose in choosers for t in data.split["test"]]
+    on_new = [key for key in picks if key[1] in new]
+    base = _row("", ignoring, data, reference, lam, gamma)
+    return {**row, "new_share": len(on_new) / len(picks),
+            "new_success": float(np.mean([data.table[key][0] for key in on_new])) if on_new else float("nan"),
+            "gain_vs_ignoring": row["return"] - base["return"]}
+
+
+def _row(name: str, choosers: Sequence[Chooser], data: MintData, reference: float, lam: float, gamma: float) -> dict:
+    per_run = [committed(data, choose, reference, lam, gamma) for choose in choosers]
+    return {"router": name, **{k: float(np.mean([p[k] for p in per_run])) for k in ("accuracy", "cost_usd",
+                                                                                  "return")}}
+
+
+def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintData, routers: dict[str, list[Router]],
+                   chosen: dict, store: EmbeddingStore, config, reference: float,
+                   scores: Scores,
+                   ignoring: Sequence[Chooser], trained_with_logs: Sequence[Chooser] | None) -> list[dict]:
+    """The rows of one draw (or of new_models_dir): see the module docstring. `routers`: stage -> the runs trained
+    without the new models; `chosen`: the validated commitment's chosen row on the known models; `ignoring`: its
+    test choices."""
+    lam, gamma = config.reward.lam, config.reward.gamma
+    cards = [data.pool.cards[data.pool.index(m)] for m in held]
+    new = set(held)
+    with_cards = card_commitment(routers[chosen["stage"]], cards, data, known, store, chosen["shrinkage_k"], lam,
+                                 gamma, scores)
+    exp = config.experiment
+    mtrouter = MTRouter.fit(known.episodes["train"], known.pool, store, lam=lam, max_tokens=config.max_state_tokens,
+                            epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
+    wide = mtrouter.with_new_models(cards)
+    mt_known = [lambda t: mtrouter.act(known.tasks[t], (), known.available[t], None)[0]]
+    mt_cards = [lambda t: wide.act(data.tasks[t], (), data.available[t], None)[0]]
+    head = {"draw": draw, "new_models": ", ".join(held)}
+    rows = [{**head, **_row("RIVET ignoring the new models", ignoring, data, reference, lam, gamma)},
+            {**head, **_with_cards("RIVET with their cards", with_cards, ignoring, new, data, reference, lam,
+                                   gamma)}]
+    if trained_with_logs is not None:
+        rows.append({**head, **_with_cards("RIVET trained with their logs", trained_with_logs, ignoring, new, data,
+                                           reference, lam, gamma)})
+    rows += [{**head, **_row("MTRouter-style ignoring them", mt_known, data, reference, lam, gamma)},
+             {**head, **_with_cards("MTRouter-style with their cards", mt_cards, mt_known, new, data, reference,
+                                    lam, gamma)},
+             {**head, **_row("Best fixed per family (train, known models)", [family_choice(known, lam, gamma)],
+                             data, reference, lam, gamma)}]
+    return rows
+
+
+def mean_rows(rows: Sequence[dict]) -> list[dict]:
+    """One row per router: the mean over the draws (each draw's rows as given)."""
+    names = list(dict.fromkeys(r["router"] for r in rows))
+    out = []
+    for name in names:
+        mine = [r for r in rows if r["router"] == name]
+        keys = [k for k in mine[0] if isinstance(mine[0][k], float)]
+        out.append({"draw": f"mean of {len(mine)}", "new_models": "", "router": name,
+                    **{k: float(np.nanmean([r[k] for r in mine])) if any(np.isfinite(r[k]) for r in mine)
+                       else float("nan") for k in keys}})
+    return out
+
+
+def draw_dir(workdir: Path, draw: int) -> Path:
+    return workdir / "new_models" / f"draw_{draw}"
