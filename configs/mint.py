@@ -41,6 +41,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Validated commitment: the shrinkage grid toward the per-model floor, searched in this order (ties keep the
     # earlier, less shrunk value); 0 = the best fixed model by training return.
     config.experiment.shrinkage = (1.0, 0.75, 0.5, 0.25, 0.0)
+    # ... toward these floors: "model" (each model's mean training return), "family" (its mean on the task's
+    # family: k = 0 is the best fixed model per family). Each is a candidate of the validated choice.
+    config.experiment.floors = ("model",)
     # New models from their cards (rivet_jax/experiments/mint_new_models.py): `draws` seeded draws of k models held
     # out of training and routed to from their cards (0 draws: off; six models leave too few to learn from), and
     # the models of new_models_dir (a directory in the layout of ../shared/mint-large), never trained on.

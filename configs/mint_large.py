@@ -35,6 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     exp.betas = (0.0, 1.0)
     exp.lambdas = (0.0, 0.05, 0.1)
     exp.reference_model = "gpt-4-0613"
+    exp.floors = ("model", "family")  # eight task families: routing by family is the bar (issue 28)
     exp.new_models.draws = 3  # 3 draws of 5 of the 49 models (seed 2028), set before any result
     if arg == "tiny":
         config.optim.batch_size = 16

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.experiments.mint import VALIDATED, recentred, validated_commitment
-from rivet_jax.experiments.mint_data import MintData, oracle_choice
+from rivet_jax.experiments.mint import VALIDATED, validated_commitment
+from rivet_jax.experiments.mint_data import MintData, oracle_choice, recentred
 
 REPO = Path(__file__).resolve().parents[1]
 MINT = REPO.parent / "shared" / "mint"
@@ -33,7 +33,7 @@ def test_tiny_mint_experiment(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"committed_routing", "commitment_selection", "value_prediction", "lambda_sweep",
-                                "post_error", "stage_preferences", "paired_gains", "by_family"}
+                                "post_error", "stage_preferences", "paired_gains", "by_family", "card_profile"}
     rows = {r["router"]: r for r in experiments["committed_routing"]["rows"]}
     assert {"fixed:gpt-4-0613", "random (expected)", "oracle (per task)", "Weighted kNN", "MTRouter-style",
             "RIVET", "RIVET (committed value: MC stage)", "RIVET w/o RIVE", "RIVET w/o response"} <= set(rows)
@@ -54,6 +54,11 @@ def test_tiny_mint_experiment(tmp_path):
     floor = rows["Best fixed (train)"]
     assert any((r["accuracy"], r["cost_usd"], r["return"]) == (floor["accuracy"], floor["cost_usd"], floor["return"])
                for r in fixed)
+    # each router's first choices, grouped by a card field, add up to all of them
+    for grouping in {r["grouping"] for r in experiments["card_profile"]["rows"]}:
+        at = [r for r in experiments["card_profile"]["rows"] if r["grouping"] == grouping]
+        assert sum(r["models"] for r in at) == 6
+        assert sum(r[f"{VALIDATED}: share"] for r in at) == pytest.approx(1.0)
     values = experiments["value_prediction"]["rows"]
     assert {v["variant"] for v in values} == {"beta=0", "beta=1", "zero response (beta=1)"}
     assert all(v["ci95_low"] <= v["mse"] <= v["ci95_high"] and v["seeds"] == 2 for v in values)
@@ -228,3 +233,48 @@ def test_paired_gains_and_families_by_hand():
     table = {(r["family"], r["router"]): r for r in by_family(data, routers, 0.0, 1.0)}
     assert table[("y", "always a")]["accuracy"] == 0 and table[("x", "always a")]["accuracy"] == 1
     assert table[("x", "two runs")]["cost_usd"] == 2.0  # two tasks at 1.0, averaged over the two runs
+
+
+def test_pareto_front_by_hand():
+    from rivet_jax.experiments.mint import pareto_front
+
+    points = [(3.0, 0.9), (1.0, 0.5), (2.0, 0.4), (1.0, 0.6), (0.5, 0.2), (4.0, 0.9)]
+    # (1.0, 0.5) is beaten by (1.0, 0.6) at the same cost; (2.0, 0.4) by a cheaper, better one; (4.0, 0.9) ties
+    # (3.0, 0.9) at a higher cost
+    assert pareto_front(points) == [(0.5, 0.2), (1.0, 0.6), (3.0, 0.9)]
+
+
+def test_choice_profile_by_hand():
+    from rivet_jax.experiments.mint_data import choice_profile
+
+    available = {t: ("a", "b", "c") for t in ("x1", "x2", "x3", "x4")}
+    outcomes = {(t, m): (int(m == "a" or t == "x4"), 1.0) for t in available for m in "abc"}
+    data = _hand_data(outcomes, available, {t: "x" for t in available},
+                      {"train": [], "validation": [], "test": list(available)})
+    open_weights = {"a": "False", "b": "True", "c": "True"}.__getitem__
+    routers = {"always a": [lambda t: "a"], "a then c": [lambda t: "a" if t in ("x1", "x2") else "c"]}
+    rows = choice_profile(data, routers, {"open weights": open_weights}, 0.0, 1.0)
+    assert [(r["value"], r["models"]) for r in rows] == [("False", 1), ("True", 2)]
+    closed, opened = rows
+    assert (closed["always a: share"], closed["always a: accuracy"]) == (1.0, 1.0)
+    assert (opened["always a: share"], opened["always a: accuracy"]) == (0.0, None)
+    # a then c: half its choices on the closed model (both solved), half on open ones (x3 failed, x4 solved)
+    assert (closed["a then c: share"], opened["a then c: share"], opened["a then c: accuracy"]) == (0.5, 0.5, 0.5)
+
+
+def test_family_floors_and_centres_by_hand():
+    from rivet_jax.experiments.mint_data import task_centres, task_floors
+
+    available = {t: ("a", "b", "c") for t in ("x1", "y1", "x2", "y2")}
+    families = {"x1": "x", "x2": "x", "y1": "y", "y2": "y"}
+    # training: a solves the x task, b the y task, c neither: overall floors a 1/2, b 1/2, c 0
+    outcomes = {(t, m): (int((m, families[t]) in (("a", "x"), ("b", "y"))), 1.0) for t in available for m in "abc"}
+    data = _hand_data(outcomes, available, families, {"train": ["x1", "y1"], "validation": [], "test": ["x2", "y2"]})
+    np.testing.assert_allclose(task_floors(data, "abc", ["x2", "y2"], "model", 0.0, 1.0), [[.5, .5, 0], [.5, .5, 0]])
+    family = task_floors(data, ("a", "b", "c", "new"), ["x2", "y2"], "family", 0.0, 1.0)
+    np.testing.assert_allclose(family[:, :3], [[1, 0, 0], [0, 1, 0]])  # k = 0 picks a on x, b on y
+    assert np.isnan(family[:, 3]).all()  # a model without training logs has no floor
+    q_train = np.array([[1.0, 2.0, 3.0], [3.0, 4.0, -np.inf]])  # c unavailable (-inf) on y1
+    np.testing.assert_allclose(task_centres(data, q_train, ["x2", "y2"], "model"), [[2, 3, 3], [2, 3, 3]])
+    # per family; c has no y training score, so its overall centre
+    np.testing.assert_allclose(task_centres(data, q_train, ["x2", "y2"], "family"), [[1, 2, 3], [3, 4, 3]])

@@ -45,12 +45,13 @@ def test_new_cards_are_read_with_the_trained_flags(demo_router_dir):
 
 
 def test_card_floor_by_hand():
-    # known a, b: logged 0.5 and 0.2 where the router's means are 0.4 and 0.3 -> mean error (0.1 - 0.1) / 2 = 0
-    np.testing.assert_allclose(card_floor({"a": 0.5, "b": 0.2}, np.array([0.4, 0.3, 0.6]), ["a", "b", "n"]),
-                               [0.5, 0.2, 0.6])
-    # the router overestimates both known models by 0.2: the new model's floor comes down as much
-    np.testing.assert_allclose(card_floor({"a": 0.5, "b": 0.2}, np.array([0.7, 0.4, 0.6]), ["a", "b", "n"]),
-                               [0.5, 0.2, 0.4])
+    nan = np.nan
+    # task 1: known a, b logged 0.5 and 0.2 where the router's means are 0.4 and 0.3: mean error (0.1 - 0.1) / 2 = 0,
+    # so the new model n keeps the router's 0.6. Task 2 (another family): the router overestimates both by 0.2,
+    # so n's floor comes down as much: 0.6 - 0.2.
+    logged = np.array([[0.5, 0.2, nan], [0.5, 0.2, nan]])
+    centre = np.array([[0.4, 0.3, 0.6], [0.7, 0.4, 0.6]])
+    np.testing.assert_allclose(card_floor(logged, centre), [[0.5, 0.2, 0.6], [0.5, 0.2, 0.4]])
 
 
 def test_held_out_draws_are_seeded_distinct_and_checked():

@@ -2,7 +2,7 @@
 
 Every model ran every task it has logs for (the six-model pool: all of them; the large pool: all but a few subsets
 for three models, which are unavailable there), so for a test task the outcome and cost of committing to any
-available model are logged facts (`rivet_jax.experiments.mint_data`). Three experiments:
+available model are logged facts (`rivet_jax.experiments.mint_data`). The experiments:
 
   committed_routing   each router picks a model from the first state (the task alone); that model's logged episode
                       gives the outcome and cost. Fixed models, random (expectation), the per-task oracle (the
@@ -12,13 +12,17 @@ available model are logged facts (`rivet_jax.experiments.mint_data`). Three expe
                       stage), RIVET's validated commitment (below) and its ablations; cost relative to the reference
                       model (gpt-4-0613). See NOTES for what this protocol can and cannot show.
   commitment_selection  the validated commitment: each run's first-state scores recentred on every model's mean
-                      logged return over the training tasks, the task-specific part shrunk by k; the stage (TD or
-                      MC) and k with the best mean validation J over seeds are the ones scored on test.
+                      logged return over the training tasks (or, with the "family" floor, over those of the task's
+                      family), the task-specific part shrunk by k; the stage (TD or MC), floor and k with the best
+                      mean validation J over seeds are the ones scored on test.
   value_prediction    held-out (test tasks) squared error of Q_route(s_t, m_t) against the realised return G_t over
                       every logged turn, for each beta and the zero-response ablation, mean and 95% interval over
                       seeds: Theorem 4.2 on real data, reported whichever way it comes out.
   lambda_sweep        committed routing of RIVET (TD, MC stage, validated commitment) trained at each lambda, against
-                      the fixed models and the oracle.
+                      the fixed models, the oracle and the baselines (the accuracy-cost plot, with the fixed models'
+                      Pareto frontier).
+  by_family, card_profile  where the routers win and lose: per task family, and where their choices go by card field.
+  new_models          models routed to from their cards alone (rivet_jax/experiments/mint_new_models.py).
 
 Layout: <workdir>/corpus/ (converted logs, train split, splits.json), <workdir>/runs/<variant>/seed_<s>/ (MC + TD),
 report.md, results.json, results/.
@@ -45,12 +49,12 @@ from rivet_jax.data.schema import Episode, read_model_cards
 from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
+from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, choice_profile, committed,
+                                             expected_random, family_choice, fixed_choice, fixed_ranking,
+                                             oracle_choice, paired_intervals, shrunk, task_centres, task_floors)
 from rivet_jax.experiments.mint_new_models import draw_dir, held_out_draws, mean_rows, new_model_rows
-from rivet_jax.experiments.mint_data import (MintData, by_family, committed, expected_random, family_choice,
-                                             fixed_choice, fixed_ranking, oracle_choice, paired_intervals,
-                                             recentred, training_returns)
-from rivet_jax.experiments.report import (plot_stage_preferences, post_error_section, save_figure, stage_section,
-                                          write_outputs)
+from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section, save_figure,
+                                          stage_section, write_outputs)
 from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
@@ -63,6 +67,10 @@ VALIDATED = "RIVET (validated commitment)"
 # The best fixed model of each task family (subset), chosen on the training tasks: a router must beat routing by
 # task family, not only one model for every task.
 BEST_PER_FAMILY = "Best fixed per family (train)"
+# The baselines drawn beside the lambda sweep, at the configured lambda.
+SWEEP_POINTS = (BEST_FIXED, BEST_PER_FAMILY, "Weighted kNN", "MTRouter-style")
+# Whose choices the card-field diagnostics follow.
+PROFILED = (VALIDATED, BEST_PER_FAMILY, "oracle (per task)")
 # t quantiles (0.975) for 95% intervals over few seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -110,27 +118,37 @@ def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Cal
 
 
 def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, store: EmbeddingStore, lam: float,
-                         gamma: float, shrinkage: Sequence[float]) -> tuple[list[Callable[[str], str]], list[dict]]:
-    """The stage and shrinkage k (`recentred`) with the best mean validation J over the runs; its test choices per
-    run, and one row per (stage, k) with its validation J. Ties go to the earlier stage and the earlier k."""
-    floor_returns = training_returns(data, lam, gamma)
+                         gamma: float, shrinkage: Sequence[float], floors: Sequence[str] = ("model",)
+                         ) -> tuple[list[Callable[[str], str]], list[dict]]:
+    """The stage, floor and shrinkage k with the best mean validation J over the runs; its test choices per run, and
+    one row per (stage, floor, k) with its validation J. Ties go to the earlier stage, floor and k.
+
+    A run's first-state scores become floor + k (Q - centre) (`shrunk`): with the "model" floor, each model's mean
+    logged training return and the router's mean score (`recentred`); with the "family" floor, the same per task
+    family (subset), so that k = 0 is the best fixed model per family and k > 0 adds the router's differences
+    between tasks of a family."""
     rows, best, best_j = [], None, -np.inf
     for stage, routers in stages.items():
-        floor = np.array([floor_returns[m] for m in routers[0].pool.names])
+        names = routers[0].pool.names
         scores = [{split: _first_state_scores(r, data, store, split) for split in ("train", "validation", "test")}
                   for r in routers]
-        for k in shrinkage:
-            j = float(np.mean([committed(data, _argmax_choice(recentred(s["validation"], s["train"], floor, k),
-                                                              r.pool.names, data.split["validation"]),
-                                         1.0, lam, gamma, split="validation")["return"]
-                               for r, s in zip(routers, scores)]))
-            rows.append({"stage": stage, "shrinkage_k": float(k), "validation_return": j, "chosen": ""})
-            if j > best_j + 1e-12:
-                best, best_j = (len(rows) - 1, routers, scores, floor, k), j
-    index, routers, scores, floor, k = best
+        for kind in floors:
+            floor = {split: task_floors(data, names, data.split[split], kind, lam, gamma)
+                     for split in ("validation", "test")}
+            centres = [{split: task_centres(data, s["train"], data.split[split], kind)
+                        for split in ("validation", "test")} for s in scores]
+            for k in shrinkage:
+                j = float(np.mean([committed(data, _argmax_choice(
+                    shrunk(s["validation"], floor["validation"], c["validation"], k), names, data.split["validation"]),
+                    1.0, lam, gamma, split="validation")["return"] for s, c in zip(scores, centres)]))
+                rows.append({"stage": stage, "floor": kind, "shrinkage_k": float(k), "validation_return": j,
+                             "chosen": ""})
+                if j > best_j + 1e-12:
+                    best, best_j = (len(rows) - 1, names, scores, centres, floor, k), j
+    index, names, scores, centres, floor, k = best
     rows[index]["chosen"] = "yes"
-    return [_argmax_choice(recentred(s["test"], s["train"], floor, k), r.pool.names, data.split["test"])
-            for r, s in zip(routers, scores)], rows
+    return [_argmax_choice(shrunk(s["test"], floor["test"], c["test"], k), names, data.split["test"])
+            for s, c in zip(scores, centres)], rows
 
 
 def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store: EmbeddingStore | None = None
@@ -163,9 +181,30 @@ def _interval(values: Sequence[float]) -> dict:
 # -------------------------------------------------------------------------------------------------- report
 
 
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (cost, accuracy) points no other point beats on both (cheaper or as cheap, and more accurate), by cost."""
+    front, best = [], -np.inf
+    for cost, accuracy in sorted(points, key=lambda p: (p[0], -p[1])):
+        if accuracy > best:
+            front.append((cost, accuracy))
+            best = accuracy
+    return front
+
+
 def _plot_sweep(rows: list[dict], path: Path) -> None:
-    fig = Figure(figsize=(7, 4.5))
+    """Accuracy against cost: every fixed model a grey point (names on their Pareto frontier, drawn as a line), each
+    RIVET router's lambda sweep a curve (its frontier), the other routers at the configured lambda as points."""
+    fig = Figure(figsize=(8, 5.5))
     ax = fig.subplots()
+    fixed = [r for r in rows if r["router"].startswith("fixed:")]
+    ax.scatter([r["cost_usd"] for r in fixed], [r["accuracy"] for r in fixed], s=12, color="0.6",
+               label=f"fixed models ({len(fixed)})")
+    front = pareto_front([(r["cost_usd"], r["accuracy"]) for r in fixed])
+    ax.plot(*zip(*front), "-", color="0.6", linewidth=0.8, label="fixed models' frontier")
+    for r in fixed:
+        if (r["cost_usd"], r["accuracy"]) in front:
+            ax.annotate(r["router"][len("fixed:"):], (r["cost_usd"], r["accuracy"]), fontsize=6, color="0.4",
+                        xytext=(3, -8), textcoords="offset points")
     for name, style in ((RIVET, "o-"), (COMMITTED, "D--"), (VALIDATED, "s:")):
         swept = sorted((r for r in rows if r["router"] == name), key=lambda r: r["cost_usd"])
         ax.plot([r["cost_usd"] for r in swept], [r["accuracy"] for r in swept], style, label=f"{name} (lambda sweep)")
@@ -173,27 +212,28 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
             ax.annotate(f"{r['lambda']:g}", (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, -9),
                         textcoords="offset points")
     for r in rows:
-        if r["router"] not in (RIVET, COMMITTED, VALIDATED):
-            ax.scatter(r["cost_usd"], r["accuracy"], marker="s" if r["router"] == "oracle" else "x")
-            ax.annotate(r["router"], (r["cost_usd"], r["accuracy"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+        if r["router"] not in (RIVET, COMMITTED, VALIDATED) and not r["router"].startswith("fixed:"):
+            ax.scatter(r["cost_usd"], r["accuracy"], marker="*" if r["router"].startswith("oracle") else "x",
+                       label=r["router"])
     ax.set_xscale("log")
     ax.set_xlabel("total test cost ($, log scale)")
     ax.set_ylabel("test accuracy (committed routing)")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower right", fontsize=7)
     save_figure(fig, path)
 
 
 def _selection_table(rows: list[dict]) -> str:
-    """One line per (lambda, stage), one column per k; the chosen cell in bold. results.json keeps the long rows."""
+    """One line per (lambda, stage, floor), one column per k; the chosen cell in bold. results.json keeps the long
+    rows."""
     ks = list(dict.fromkeys(r["shrinkage_k"] for r in rows))
-    lines = ["| lambda | stage | runs | " + " | ".join(f"k = {k:g}" for k in ks) + " |", "|" + "---|" * (3 + len(ks))]
-    for lam, stage in dict.fromkeys((r["lambda"], r["stage"]) for r in rows):
-        cells = {r["shrinkage_k"]: r for r in rows if (r["lambda"], r["stage"]) == (lam, stage)}
+    lines = ["| lambda | stage | floor | runs | " + " | ".join(f"k = {k:g}" for k in ks) + " |",
+             "|" + "---|" * (4 + len(ks))]
+    for lam, stage, floor in dict.fromkeys((r["lambda"], r["stage"], r["floor"]) for r in rows):
+        cells = {r["shrinkage_k"]: r for r in rows if (r["lambda"], r["stage"], r["floor"]) == (lam, stage, floor)}
         runs = next(iter(cells.values()))["seeds"]
         shown = {k: f"{r['validation_return']:.3f}" for k, r in cells.items()}
         shown = {k: f"**{v}**" if cells[k]["chosen"] else v for k, v in shown.items()}
-        lines.append(f"| {lam:g} | {stage} | {runs} | " + " | ".join(shown.get(k, "") for k in ks) + " |")
+        lines.append(f"| {lam:g} | {stage} | {floor} | {runs} | " + " | ".join(shown.get(k, "") for k in ks) + " |")
     return "\n".join(lines)
 
 
@@ -225,8 +265,9 @@ TABLES = {
     "committed_routing": ("Committed routing on the MINT test tasks (cost relative to the reference model)",
                           [("router", "router", -1), ("encoder", "encoder", -1), ("accuracy", "accuracy", 3),
                            ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("return", "J", 3)]),
-    "commitment_selection": ("Validated commitment: mean validation J over the runs for each stage and shrinkage k "
-                             "(k = 0: the best fixed model; the chosen one, in bold, is scored on test)",
+    "commitment_selection": ("Validated commitment: mean validation J over the runs for each stage, floor and "
+                             "shrinkage k (k = 0: the best fixed model, or per family with the family floor; the "
+                             "chosen one, in bold, is scored on test)",
                              lambda rows: _selection_table(rows)),
     "paired_gains": ("RIVET's validated commitment against each router on the test tasks: J with a 95% bootstrap "
                      "interval over tasks, and the paired gain J(validated) - J(router) on the same resamples",
@@ -236,6 +277,12 @@ TABLES = {
     "by_family": ("Committed routing per task family (subset) on the test tasks (mean over runs)",
                   [("family", "family", -1), ("router", "router", -1), ("tasks", "tasks", -1),
                    ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3)]),
+    "card_profile": ("Where the test choices go, by card field: each router's share of its first choices on models "
+                     "with that value, and their accuracy there (RIVET's validated commitment, the best fixed model "
+                     "per family, the per-task oracle)",
+                     grouped_tables("grouping", [("value", "value", -1), ("models", "models", -1)] + [
+                         (f"{name}: {what}", f"{short}: {what}", 3) for name, short in zip(
+                             PROFILED, ("validated", "per family", "oracle")) for what in ("share", "accuracy")])),
     "value_prediction": ("Value-prediction error on held-out tasks: MSE of Q_route(s_t, m_t) vs G_t (95% interval "
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
@@ -249,7 +296,7 @@ TABLES = {
                     ("new_share", "new share", 3), ("new_success", "new success", 3),
                     ("gain_vs_ignoring", "gain", 3)]),
     "lambda_sweep": ("Committed routing across lambda (RIVET: TD, MC stage, validated commitment) with the fixed "
-                     "models and the oracle",
+                     "models, the oracle and the baselines at the configured lambda",
                      [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
 }
@@ -274,7 +321,7 @@ def _new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, re
         known = data.without(held, draw_dir(workdir, d) / "corpus")
         dirs = _train(config, known, draw_dir(workdir, d), {RIVET: {"loss.beta": 1.0}}, exp.seeds)[RIVET]
         own = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
-        ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage)
+        ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage, exp.floors)
         rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
                                config, reference, _first_state_scores, ignoring, validated)
     if plan.draws > 1:
@@ -353,7 +400,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         encoder = "hashing" if "hashing" in name else encoder_name
         choosers[name] = [_router_choice(r, data, stores[encoder]) for r in seeds]
     choosers[VALIDATED], selection_rows = validated_commitment(
-        {"td": named[RIVET], "mc": named[COMMITTED]}, data, store, lam, gamma, exp.shrinkage)
+        {"td": named[RIVET], "mc": named[COMMITTED]}, data, store, lam, gamma, exp.shrinkage, exp.floors)
     selection_rows = [{"lambda": float(lam), "seeds": len(named[RIVET]), **r} for r in selection_rows]
     for name in (*named, VALIDATED):
         per_seed = [committed(data, choose, reference, lam, gamma) for choose in choosers[name]]
@@ -377,7 +424,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
                 else swept[f"lambda={sweep_lam:g}"])
         stages = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
-        validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage)
+        validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage,
+                                               exp.floors)
         if float(sweep_lam) != float(lam):
             selection_rows += [{"lambda": float(sweep_lam), "seeds": len(dirs), **r} for r in rows]
         for name, fns in ((RIVET, [_router_choice(r, data, store) for r in stages["td"]]),
@@ -385,7 +433,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             per_seed = [committed(data, choose, reference, float(sweep_lam), gamma) for choose in fns]
             sweep_rows.append({"router": name, "lambda": float(sweep_lam),
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
-    sweep_rows += [{**r, "lambda": ""} for r in committed_rows if r["router"].startswith(("fixed:", "oracle"))]
+    sweep_rows += [{**r, "lambda": ""} for r in committed_rows
+                   if r["router"].startswith(("fixed:", "oracle")) or r["router"] in SWEEP_POINTS]
 
     new_rows = _new_models(config, data, workdir, store, reference, choosers[VALIDATED],
                            {"td": named[RIVET], "mc": named[COMMITTED]},
@@ -399,6 +448,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments = {"committed_routing": committed_rows, "commitment_selection": selection_rows,
                    "paired_gains": paired_intervals(data, compared, VALIDATED, lam, gamma, seed=config.seed),
                    "by_family": by_family(data, compared, lam, gamma),
+                   "card_profile": choice_profile(data, {name: compared[name] for name in PROFILED}, card_groups(data),
+                                                  lam, gamma),
                    "value_prediction": value_rows, "lambda_sweep": sweep_rows,
                    "post_error": [{"router": name, **{k: v for k, v in traces.post_error(eps).items()
                                                       if k != "by_class"}}

@@ -22,8 +22,8 @@ from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
 from rivet_jax.ope import bootstrap_counts
 
 __all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
-           "fixed_ranking", "family_choice", "centre_of", "recentred", "per_task_returns", "paired_intervals",
-           "by_family"]
+           "fixed_ranking", "family_choice", "centre_of", "shrunk", "recentred", "task_floors", "task_centres",
+           "per_task_returns", "paired_intervals", "by_family", "card_metadata", "card_groups", "choice_profile"]
 
 
 class MintData:
@@ -43,7 +43,9 @@ class MintData:
         if not mint_dir.is_dir():
             raise FileNotFoundError(f"MINT data not found at {mint_dir}: pass --config.mint_dir=<your copy of MINT's "
                                     f"data folder>")
-        self.pool = read_model_cards(config.cards or mint_dir / "model_cards.json")
+        cards_path = config.cards or mint_dir / "model_cards.json"
+        self.pool = read_model_cards(cards_path)
+        self.card_meta = card_metadata(cards_path)
         corpus = convert_mint(mint_dir, self.pool)
         self.tasks = corpus.tasks
         manifest = _manifest(config.experiment, self.tasks)
@@ -107,6 +109,47 @@ class MintData:
     def mask(self, task_ids: Sequence[str], names: Sequence[str]) -> np.ndarray:
         """(T, M) bool: which of `names` are available on each task."""
         return np.array([[m in self.available[t] for m in names] for t in task_ids])
+
+
+def card_metadata(path) -> dict[str, dict]:
+    """Each model's card fields the router does not read (family, open_weights), for the diagnostics."""
+    models = json.loads(Path(path).read_text(encoding="utf-8")).get("models", [])
+    return {card["name"]: {k: card.get(k) for k in ("family", "open_weights")} for card in models}
+
+
+def card_groups(data: MintData) -> dict[str, Callable[[str], str]]:
+    """How the diagnostics group models (grouping -> model -> value): the card's family, open weights or not, price
+    tier (output price per million tokens) and the code and math flags."""
+    def field(key: str) -> Callable[[str], str]:
+        return lambda m: str(data.card_meta.get(m, {}).get(key))
+
+    def price(m: str) -> str:
+        value = data.pool.cards[data.pool.index(m)].price_out_per_mtok
+        return "unknown" if value is None else "< $1" if value < 1 else "$1-10" if value < 10 else ">= $10"
+
+    def flag(name: str) -> Callable[[str], str]:
+        return lambda m: str(data.pool.cards[data.pool.index(m)].capability(name))
+
+    return {"model family": field("family"), "open weights": field("open_weights"), "price out / Mtok": price,
+            "capability: code": flag("code"), "capability: math": flag("math")}
+
+
+def choice_profile(data: MintData, routers: dict[str, Sequence[Callable[[str], str]]],
+                   groups: dict[str, Callable[[str], str]], lam: float, gamma: float) -> list[dict]:
+    """Where each router's test choices go, by card field: per (grouping, value), every router's share of its first
+    choices on such models and their accuracy there (blank where it chose none)."""
+    picks = {name: [(t, choose(t)) for choose in fns for t in data.split["test"]] for name, fns in routers.items()}
+    rows = []
+    for grouping, value_of in groups.items():
+        for value in sorted({value_of(m) for m in data.pool.names}):
+            row = {"grouping": grouping, "value": value,
+                   "models": sum(value_of(m) == value for m in data.pool.names)}
+            for name, keys in picks.items():
+                here = [key for key in keys if value_of(key[1]) == value]
+                row[f"{name}: share"] = len(here) / len(keys)
+                row[f"{name}: accuracy"] = float(np.mean([data.table[k][0] for k in here])) if here else None
+            rows.append(row)
+    return rows
 
 
 def _within(episode: Episode, names: Sequence[str]) -> Episode:
@@ -215,9 +258,24 @@ def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], s
     return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
 
 
+def _masked_mean(values: np.ndarray, axis: int = 0) -> np.ndarray:
+    """The mean of the finite entries along `axis`; NaN where there are none (quietly, unlike np.nanmean)."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=axis)
+    total = np.where(finite, values, 0.0).sum(axis=axis)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
 def centre_of(q_train: np.ndarray) -> np.ndarray:
     """(M,) each model's mean score over the training tasks it is available on (its other scores are -inf)."""
-    return np.nanmean(np.where(np.isfinite(q_train), q_train, np.nan), axis=0)
+    return _masked_mean(q_train)
+
+
+def shrunk(q: np.ndarray, floor: np.ndarray, centre: np.ndarray, k: float) -> np.ndarray:
+    """(T, M) floor + k (q - centre) where a model is available (q finite), -inf where it is not; `floor` and
+    `centre` broadcast against q ((M,) or (T, M))."""
+    available = np.isfinite(q)
+    return np.where(available, floor + k * np.where(available, q - centre, 0.0), -np.inf)
 
 
 def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -> np.ndarray:
@@ -228,9 +286,43 @@ def recentred(q: np.ndarray, q_train: np.ndarray, floor: np.ndarray, k: float) -
     each model. The level matters for the TD stage, whose Q(s_0, m) values calling m first and routing on; the
     shrinkage matters when 140 training tasks leave per-task differences noisier than the models' margins.
     """
-    centre = centre_of(q_train)[None, :]                                                            # (1, M)
-    available = np.isfinite(q)  # a model stays unavailable where it was
-    return np.where(available, floor[None, :] + k * np.where(available, q - centre, 0.0), -np.inf)
+    return shrunk(q, floor[None, :], centre_of(q_train)[None, :], k)
+
+
+def _by_family(data: MintData, tasks: Sequence[str], values: dict, fallback: np.ndarray) -> np.ndarray:
+    """(T, M) the row of each task's family in `values` (family -> (M,)), `fallback` (M,) where that is NaN."""
+    rows = np.array([values.get(data.tasks[t].family, fallback) for t in tasks], np.float64).reshape(len(tasks), -1)
+    return np.where(np.isnan(rows), fallback[None, :], rows)
+
+
+def task_floors(data: MintData, names: Sequence[str], tasks: Sequence[str], kind: str, lam: float, gamma: float
+                ) -> np.ndarray:
+    """(T, M) each model's logged floor on each task: its mean J over the training tasks it is available on
+    ("model"), or over those of the task's family ("family": at k = 0 the best fixed model per family; the model's
+    overall floor where it has no training task of that family). NaN for a model without training logs."""
+    overall = training_returns(data, lam, gamma)
+    floor = np.array([overall.get(m, np.nan) for m in names])
+    if kind == "model":
+        return np.broadcast_to(floor, (len(tasks), len(names))).copy()
+    if kind != "family":
+        raise ValueError(f"unknown floor {kind!r}; known: 'model', 'family'")
+    train = data.split["train"]
+    returns = np.array([[data.episode_return(t, m, lam, gamma) if m in data.available[t] else np.nan for m in names]
+                        for t in train]).reshape(len(train), len(names))
+    families = np.array([data.tasks[t].family for t in train])
+    per_family = {f: _masked_mean(returns[families == f]) for f in set(families.tolist())}
+    return _by_family(data, tasks, per_family, floor)
+
+
+def task_centres(data: MintData, q_train: np.ndarray, tasks: Sequence[str], kind: str) -> np.ndarray:
+    """(T, M) the router's mean score of each model, over the training tasks ("model") or those of each task's
+    family ("family"; the overall mean where the family has none): what `shrunk` measures deviations from."""
+    overall = centre_of(q_train)
+    if kind == "model":
+        return np.broadcast_to(overall, (len(tasks), len(overall))).copy()
+    families = np.array([data.tasks[t].family for t in data.split["train"]])
+    per_family = {f: _masked_mean(q_train[families == f]) for f in set(families.tolist())}
+    return _by_family(data, tasks, per_family, overall)
 
 
 def per_task_returns(data: MintData, choices: Sequence[Callable[[str], str]], lam: float, gamma: float,

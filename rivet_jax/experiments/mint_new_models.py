@@ -30,8 +30,8 @@ import numpy as np
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.data.schema import ModelCard
 from rivet_jax.encoders import EmbeddingStore
-from rivet_jax.experiments.mint_data import (MintData, centre_of, committed, family_choice, recentred,
-                                             training_returns)
+from rivet_jax.experiments.mint_data import (MintData, committed, family_choice, shrunk, task_centres,
+                                             task_floors)
 from rivet_jax.router import Router
 
 __all__ = ["held_out_draws", "card_floor", "card_commitment", "new_model_rows"]
@@ -48,27 +48,31 @@ def held_out_draws(names: Sequence[str], k: int, draws: int, seed: int) -> list[
     return [tuple(names[i] for i in sorted(rng.choice(len(names), size=k, replace=False))) for _ in range(draws)]
 
 
-def card_floor(logged: dict[str, float], centre: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    """(M,) each model's floor: its logged mean training return where it has one; else the router's own mean
-    score over the training tasks (`centre`) plus the router's mean error on the logged floors."""
-    known = [i for i, m in enumerate(names) if m in logged]
-    offset = float(np.mean([logged[names[i]] - centre[i] for i in known]))
-    return np.array([logged[m] if m in logged else centre[i] + offset for i, m in enumerate(names)])
+def card_floor(logged: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """(T, M) each model's floor on each task: its logged floor (`logged`, NaN for a model without training logs),
+    else the router's own mean score (`centre`) plus the router's mean error on that task's logged floors."""
+    known = np.isfinite(logged) & np.isfinite(centre)
+    errors = np.where(known, logged - np.where(known, centre, 0.0), 0.0)
+    offset = errors.sum(axis=1) / np.maximum(known.sum(axis=1), 1)                                   # (T,)
+    return np.where(np.isnan(logged), centre + offset[:, None], logged)
 
 
 def card_commitment(routers: Sequence[Router], cards: Sequence[ModelCard], data: MintData, known: MintData,
-                    store: EmbeddingStore, k: float, lam: float, gamma: float,
-                    scores: Scores) -> list[Chooser]:
+                    store: EmbeddingStore, kind: str, k: float, lam: float, gamma: float, scores: Scores
+                    ) -> list[Chooser]:
     """Each router's test choices over its pool plus `cards` (`data`: the tables with the new models' logs, for
-    availability and scoring), recentred on `card_floor` with the shrinkage k chosen on the known models."""
-    logged = training_returns(known, lam, gamma)
+    availability and scoring), with the floor kind and shrinkage k chosen on the known models, the new models'
+    floors from `card_floor`."""
+    tasks = data.split["test"]
     choices = []
     for router in routers:
         wide = router.with_new_models(cards)
+        names = wide.pool.names
         train, test = scores(wide, data, store, "train"), scores(wide, data, store, "test")
-        floor = card_floor(logged, centre_of(train), wide.pool.names)
-        best = np.argmax(recentred(test, train, floor, k), axis=1)
-        choices.append(dict(zip(data.split["test"], (wide.pool.names[int(b)] for b in best))).__getitem__)
+        centre = task_centres(data, train, tasks, kind)
+        floor = card_floor(task_floors(known, names, tasks, kind, lam, gamma), centre)   # NaN -> from the card
+        best = np.argmax(shrunk(test, floor, centre, k), axis=1)
+        choices.append(dict(zip(tasks, (names[int(b)] for b in best))).__getitem__)
     return choices
 
 
@@ -101,8 +105,8 @@ def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintDa
     lam, gamma = config.reward.lam, config.reward.gamma
     cards = [data.pool.cards[data.pool.index(m)] for m in held]
     new = set(held)
-    with_cards = card_commitment(routers[chosen["stage"]], cards, data, known, store, chosen["shrinkage_k"], lam,
-                                 gamma, scores)
+    with_cards = card_commitment(routers[chosen["stage"]], cards, data, known, store, chosen["floor"],
+                                 chosen["shrinkage_k"], lam, gamma, scores)
     exp = config.experiment
     mtrouter = MTRouter.fit(known.episodes["train"], known.pool, store, lam=lam, max_tokens=config.max_state_tokens,
                             epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
