@@ -137,8 +137,10 @@ def with_run_rewards(batch: Batch, values: RunValues, idx: jax.Array) -> Batch:
     return batch._replace(reward=values.reward[idx], mc_return=values.mc_return[idx])
 
 
+@jax.jit
 def stack(trees: Sequence[Any]) -> Any:
-    """R same-shaped pytrees -> one pytree with a leading run axis R (typed PRNG keys included)."""
+    """R same-shaped pytrees -> one pytree with a leading run axis R (typed PRNG keys included); one compiled program
+    per tree structure and R, not one per leaf shape."""
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
 
 

@@ -53,9 +53,11 @@ def pytest_unconfigure(config):
         del os.environ[CACHE]
 
 
-# The files that take longest (measured: their fixtures run whole experiments), handed out first of all.
-LONGEST = ("test_reproduce.py", "test_mint_experiment.py", "test_calibrate.py", "test_run_group.py",
-           "test_train_router.py", "test_sharding.py")
+# The files that take longest (measured with --durations, longest first: their fixtures run whole experiments),
+# handed out first of all.
+LONGEST = ("test_reproduce.py", "test_mint_experiment.py", "test_deploy.py", "test_train_router.py",
+           "test_notebooks.py", "test_sharding.py", "test_run_group.py", "test_benchmark.py", "test_calibrate.py",
+           "test_mint_large.py", "test_routesim.py", "test_serve.py")
 
 
 def pytest_collection_modifyitems(config, items):
