@@ -2,7 +2,8 @@
 
 The full suite runs in parallel (pytest-xdist, `-n auto --dist loadfile` in pytest.ini: every file on one worker,
 so its module fixtures are built once). The longest files, then the others holding a slow test, are handed out
-first, so no long one starts last and leaves one worker running alone. `pytest -m "not slow"` is the inner-loop subset (README).
+first, so no long one starts last and leaves one worker running alone. `pytest -m "not slow"` is the
+inner-loop subset (README).
 
 The tiny configs compile the same programs in many tests and in the launchers' subprocesses: one JAX persistent
 compilation cache per session (a fresh temporary directory, shared by the workers and every subprocess through the

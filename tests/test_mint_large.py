@@ -202,7 +202,8 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     held = draw["RIVET with their cards"]["new_models"]
     assert held in POOL.names and set(draw) == {
         "RIVET ignoring the new models", "RIVET with their cards", "RIVET trained with their logs",
-        "MTRouter-style ignoring them", "MTRouter-style with their cards", "Best fixed per family (train, known models)"}
+        "MTRouter-style ignoring them", "MTRouter-style with their cards",
+        "Best fixed per family (train, known models)"}
     trained = read_episodes(tmp_path / "work" / "new_models" / "draw_0" / "corpus" / "train_episodes.jsonl",
                             POOL).episodes
     assert trained and all(e.turns[0].model != held for e in trained)  # the held-out model's logs are not trained on

@@ -90,7 +90,8 @@ def test_mint_data_without_and_with_models_by_hand(tmp_path):
     data = _data(tmp_path)
     known = data.without(["b"], tmp_path / "draw")
     assert known.pool.names == ("a",) and known.available == {"s/t1": ["a"], "s/t2": ["a"]}
-    assert [e.episode_id for e in read_episodes(known.train_path, known.pool).episodes] == ["a/s/t1"]   # b's logs are not trained on
+    # b's logs are not trained on
+    assert [e.episode_id for e in read_episodes(known.train_path, known.pool).episodes] == ["a/s/t1"]
     assert read_model_cards(known.cards_path).names == ("a",)
     assert data.pool.names == ("a", "b") and data.available["s/t1"] == ("a", "b")  # the full tables are untouched
     # ... and b's logged outcome still scores a choice of b: t2 solved at cost 2

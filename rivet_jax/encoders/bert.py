@@ -266,9 +266,10 @@ class BertEncoder(JittedEncoder):
 
     encode(texts) tokenises (texts stripped, as sentence-transformers does; truncated to max_length tokens
     including [CLS] and [SEP]: the checkpoint's window, or a shorter one given), runs length-bucketed jit-compiled
-    batches, pools over the attention mask and L2-normalises; encode_ids and hidden_states (JittedEncoder) take right-padded token ids. dtype="bfloat16"
-    keeps params and activations in bf16 (pooling and the output are float32). count_tokens counts the text's
-    WordPiece tokens without [CLS]/[SEP] and without truncation, so the counts of concatenated pieces add up.
+    batches, pools over the attention mask and L2-normalises; encode_ids and hidden_states (JittedEncoder) take
+    right-padded token ids. dtype="bfloat16" keeps params and activations in bf16 (pooling and the output are
+    float32). count_tokens counts the text's WordPiece tokens without [CLS]/[SEP] and without truncation, so the
+    counts of concatenated pieces add up.
     """
 
     def __init__(

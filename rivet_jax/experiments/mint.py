@@ -127,14 +127,15 @@ def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, st
     logged training return and the router's mean score (`recentred`); with the "family" floor, the same per task
     family (subset), so that k = 0 is the best fixed model per family and k > 0 adds the router's differences
     between tasks of a family."""
+    names = next(iter(stages.values()))[0].pool.names  # every stage's runs share one pool
+    floor_of = {kind: {split: task_floors(data, names, data.split[split], kind, lam, gamma)
+                       for split in ("validation", "test")} for kind in floors}
     rows, best, best_j = [], None, -np.inf
     for stage, routers in stages.items():
-        names = routers[0].pool.names
         scores = [{split: _first_state_scores(r, data, store, split) for split in ("train", "validation", "test")}
                   for r in routers]
         for kind in floors:
-            floor = {split: task_floors(data, names, data.split[split], kind, lam, gamma)
-                     for split in ("validation", "test")}
+            floor = floor_of[kind]
             centres = [{split: task_centres(data, s["train"], data.split[split], kind)
                         for split in ("validation", "test")} for s in scores]
             for k in shrinkage:
@@ -461,7 +462,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         experiments["new_models"] = new_rows
     meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
-            "summary": (f"MINT logs (six models, {len(data.tasks)} tasks), manifest split train "
+            "summary": (f"MINT logs ({len(data.pool)} models, {len(data.tasks)} tasks), split train "
                         f"{len(data.split['train'])} / validation {len(data.split['validation'])} / test "
                         f"{len(data.split['test'])}; encoder {encoder_name} (max state tokens "
                         f"{config.max_state_tokens}); lambda {config.reward.lam}; c_ref {data.c_ref:.6f}. RIVET rows: "

@@ -300,15 +300,14 @@ def task_floors(data: MintData, names: Sequence[str], tasks: Sequence[str], kind
     """(T, M) each model's logged floor on each task: its mean J over the training tasks it is available on
     ("model"), or over those of the task's family ("family": at k = 0 the best fixed model per family; the model's
     overall floor where it has no training task of that family). NaN for a model without training logs."""
-    overall = training_returns(data, lam, gamma)
-    floor = np.array([overall.get(m, np.nan) for m in names])
-    if kind == "model":
-        return np.broadcast_to(floor, (len(tasks), len(names))).copy()
-    if kind != "family":
+    if kind not in ("model", "family"):
         raise ValueError(f"unknown floor {kind!r}; known: 'model', 'family'")
     train = data.split["train"]
     returns = np.array([[data.episode_return(t, m, lam, gamma) if m in data.available[t] else np.nan for m in names]
-                        for t in train]).reshape(len(train), len(names))
+                        for t in train]).reshape(len(train), len(names))                     # (N, M), NaN: unavailable
+    floor = _masked_mean(returns)                                          # (M,): `training_returns`, as an array
+    if kind == "model":
+        return np.broadcast_to(floor, (len(tasks), len(names))).copy()
     families = np.array([data.tasks[t].family for t in train])
     per_family = {f: _masked_mean(returns[families == f]) for f in set(families.tolist())}
     return _by_family(data, tasks, per_family, floor)

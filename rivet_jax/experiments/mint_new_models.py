@@ -22,6 +22,7 @@ choices that go to them, the success of those choices, and the J gained against 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -76,17 +77,14 @@ def card_commitment(routers: Sequence[Router], cards: Sequence[ModelCard], data:
     return choices
 
 
-def _with_cards(name: str, choosers: Sequence[Chooser], ignoring: Sequence[Chooser], new: set[str],
-                data: MintData, reference: float, lam: float, gamma: float) -> dict:
-    """A router with new models: its committed row, the share of its choices on new models, their success there,
-    and its J gained against `ignoring` (the same router without them)."""
-    row = _row(name, choosers, data, reference, lam, gamma)
+def _with_cards(row: dict, choosers: Sequence[Chooser], ignoring: dict, new: set[str], data: MintData) -> dict:
+    """A router with new models: its committed `row`, the share of its choices on new models, their success there,
+    and its J gained against `ignoring` (the row of the same router without them)."""
     picks = [(t, choose(t)) for choose in choosers for t in data.split["test"]]
     on_new = [key for key in picks if key[1] in new]
-    base = _row("", ignoring, data, reference, lam, gamma)
     return {**row, "new_share": len(on_new) / len(picks),
             "new_success": float(np.mean([data.table[key][0] for key in on_new])) if on_new else float("nan"),
-            "gain_vs_ignoring": row["return"] - base["return"]}
+            "gain_vs_ignoring": row["return"] - ignoring["return"]}
 
 
 def _row(name: str, choosers: Sequence[Chooser], data: MintData, reference: float, lam: float, gamma: float) -> dict:
@@ -96,8 +94,7 @@ def _row(name: str, choosers: Sequence[Chooser], data: MintData, reference: floa
 
 
 def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintData, routers: dict[str, list[Router]],
-                   chosen: dict, store: EmbeddingStore, config, reference: float,
-                   scores: Scores,
+                   chosen: dict, store: EmbeddingStore, config, reference: float, scores: Scores,
                    ignoring: Sequence[Chooser], trained_with_logs: Sequence[Chooser] | None) -> list[dict]:
     """The rows of one draw (or of new_models_dir): see the module docstring. `routers`: stage -> the runs trained
     without the new models; `chosen`: the validated commitment's chosen row on the known models; `ignoring`: its
@@ -105,27 +102,29 @@ def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintDa
     lam, gamma = config.reward.lam, config.reward.gamma
     cards = [data.pool.cards[data.pool.index(m)] for m in held]
     new = set(held)
-    with_cards = card_commitment(routers[chosen["stage"]], cards, data, known, store, chosen["floor"],
-                                 chosen["shrinkage_k"], lam, gamma, scores)
+
+    def row(name: str, choosers: Sequence[Chooser]) -> dict:
+        return _row(name, choosers, data, reference, lam, gamma)
+
+    def with_cards(name: str, choosers: Sequence[Chooser], base: dict) -> dict:
+        return _with_cards(row(name, choosers), choosers, base, new, data)
+
     exp = config.experiment
     mtrouter = MTRouter.fit(known.episodes["train"], known.pool, store, lam=lam, max_tokens=config.max_state_tokens,
                             epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
     wide = mtrouter.with_new_models(cards)
-    mt_known = [lambda t: mtrouter.act(known.tasks[t], (), known.available[t], None)[0]]
-    mt_cards = [lambda t: wide.act(data.tasks[t], (), data.available[t], None)[0]]
-    head = {"draw": draw, "new_models": ", ".join(held)}
-    rows = [{**head, **_row("RIVET ignoring the new models", ignoring, data, reference, lam, gamma)},
-            {**head, **_with_cards("RIVET with their cards", with_cards, ignoring, new, data, reference, lam,
-                                   gamma)}]
+    # Each chosen once per task: the rows and the shares below ask again.
+    mt_known = [functools.cache(lambda t: mtrouter.act(known.tasks[t], (), known.available[t], None)[0])]
+    mt_cards = [functools.cache(lambda t: wide.act(data.tasks[t], (), data.available[t], None)[0])]
+    rivet, mt = row("RIVET ignoring the new models", ignoring), row("MTRouter-style ignoring them", mt_known)
+    found = [rivet, with_cards("RIVET with their cards", card_commitment(
+        routers[chosen["stage"]], cards, data, known, store, chosen["floor"], chosen["shrinkage_k"], lam, gamma,
+        scores), rivet)]
     if trained_with_logs is not None:
-        rows.append({**head, **_with_cards("RIVET trained with their logs", trained_with_logs, ignoring, new, data,
-                                           reference, lam, gamma)})
-    rows += [{**head, **_row("MTRouter-style ignoring them", mt_known, data, reference, lam, gamma)},
-             {**head, **_with_cards("MTRouter-style with their cards", mt_cards, mt_known, new, data, reference,
-                                    lam, gamma)},
-             {**head, **_row("Best fixed per family (train, known models)", [family_choice(known, lam, gamma)],
-                             data, reference, lam, gamma)}]
-    return rows
+        found.append(with_cards("RIVET trained with their logs", trained_with_logs, rivet))
+    found += [mt, with_cards("MTRouter-style with their cards", mt_cards, mt),
+              row("Best fixed per family (train, known models)", [family_choice(known, lam, gamma)])]
+    return [{"draw": draw, "new_models": ", ".join(held), **r} for r in found]
 
 
 def mean_rows(rows: Sequence[dict]) -> list[dict]:
