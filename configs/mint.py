@@ -58,8 +58,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.experiment.mtrouter_epochs = 2
         config.experiment.knn_k = 3
         config.experiment.max_tasks_per_subset = 2  # two tasks per subset and split: 10 per split
-        config.max_state_tokens = 64                # MiniLM time grows with the state length ...
-        config.encoder.max_length = 64              # ... and with the responses', read through the same window
+        config.max_state_tokens = 32                # MiniLM time grows with the state length ...
+        config.encoder.max_length = 32              # ... and with the responses', read through the same window
         config.compare_hashing = False
     elif arg:
         raise ValueError(f"unknown config variant {arg!r}; known: '', 'tiny'")

@@ -83,9 +83,11 @@ class Solution:
 
 
 def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: float, policy: str | int,
-          available: Sequence[bool] | None = None, second_moment: bool = False) -> Solution:
-    """Backward DP for one task. `policy`: 'oracle', 'random', or a model index (fixed model)."""
-    full = br = branches(sim, sim_task)
+          available: Sequence[bool] | None = None, second_moment: bool = False,
+          task_branches: Branches | None = None) -> Solution:
+    """Backward DP for one task. `policy`: 'oracle', 'random', or a model index (fixed model). `task_branches`:
+    `branches(sim, sim_task)`, when the caller solves the task for several policies (they depend on the task only)."""
+    full = br = branches(sim, sim_task) if task_branches is None else task_branches
     num_models = br.prob.shape[2]
     mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
     price_in = sim.price_in
@@ -105,19 +107,18 @@ def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: flo
     ext = size + pad                                      # tables are padded so c + tokens never leaves them
     cost_in = price_in[:, None] * (np.arange(size) * sim.block)[None, :]   # (M, C) input dollars
     num_q = 4 + second_moment                             # V, S, $, N (+ W); Z kept apart (it has a model axis)
-    # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w): these do not
-    # depend on t, so the backward loop only gathers.
-    c_index = np.arange(size)[None, None, :]
-    models = np.arange(num_models)[None, :, None]
-    landing, landing_z, done = {}, {}, {}
-    for k in range(num_steps):
-        at = c_index + br.tokens[k][:, :, None]                                # (B, M, C)
-        for w in range(proposals):
-            wrong = w + br.wrong[k]
-            cell = (k + br.advance[k]) * proposals + np.minimum(wrong, proposals - 1)   # (B,) next (k, w)
-            landing[k, w] = ((cell[:, None, None] * ext + at) * num_q)[..., None] + np.arange(num_q)  # (B,M,C,Q)
-            landing_z[k, w] = (cell[:, None, None] * num_models + models) * ext + at              # (B, M, C)
-            done[k, w] = (br.correct[k] > 0) | (wrong >= proposals)
+    # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w) at once: these do
+    # not depend on t, so the backward loop only gathers, and it does each turn's arithmetic for all (k, w) together.
+    k_index = np.arange(num_steps)[:, None, None]                                   # (K, 1, 1)
+    wrong = np.arange(proposals)[None, :, None] + br.wrong[:, None, :]              # (K, W, B)
+    cell = (k_index + br.advance[:, None, :]) * proposals + np.minimum(wrong, proposals - 1)   # (K, W, B) next (k, w)
+    at = np.arange(size)[None, None, :] + br.tokens[..., None]                      # (K, B, M, C)
+    landing = (cell[..., None, None] * ext + at[:, None]) * num_q                   # (K, W, B, M, C)
+    landing = landing[..., None] + np.arange(num_q)                                 # (K, W, B, M, C, Q)
+    landing_z = (cell[..., None, None] * num_models + np.arange(num_models)[:, None]) * ext + at[:, None]
+    done = (br.correct[:, None, :] > 0) | (wrong >= proposals)                      # (K, W, B)
+    p = br.prob[:, None, :, :, None]                                                # (K, 1, B, M, 1)
+    correct = br.correct[:, None, :, None, None]                                    # (K, 1, B, 1, 1)
     nxt = np.zeros((num_steps, proposals, ext, num_q))          # V, S, $, N, W at t+1
     nxt_z = np.ones((num_steps, proposals, num_models, ext))    # Z at t+1 (no switch ever after the last turn)
     values = np.zeros((turns + 1, num_steps, proposals, size))
@@ -128,25 +129,22 @@ def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: flo
         lo, hi = c0 + t * grow_min, c0 + t * pad + 1
         cur = np.zeros_like(nxt)
         cur_z = np.ones_like(nxt_z)
-        for k in range(num_steps):
-            p = br.prob[k][:, :, None]                                         # (B, M, 1)
-            cost = cost_in[None, :, lo:hi] + br.cost_out[:, :, None]           # (B, M, C_t)
-            reward = -lam * cost / c_ref + br.correct[k][:, None, None]        # (B, M, C_t)
-            for w in range(proposals):
-                ends = (done[k, w] | (t + 1 >= turns))[:, None, None]         # (B, 1, 1)
-                future = np.where(ends[..., None], 0.0, np.take(nxt, landing[k, w][:, :, lo:hi]))  # (B, M, C_t, Q)
-                future_z = np.where(ends, 1.0, np.take(nxt_z, landing_z[k, w][:, :, lo:hi]))      # (B, M, C_t)
-                q = [np.sum(p * (reward + gamma * future[..., 0]), axis=0),                 # (M, C) each
-                     np.sum(p * (br.correct[k][:, None, None] + future[..., 1]), axis=0),
-                     np.sum(p * (cost + future[..., 2]), axis=0),
-                     np.sum(p * (1.0 + future[..., 3]), axis=0)]
-                if second_moment:
-                    q.append(np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0]
-                                         + gamma**2 * future[..., 4]), axis=0))
-                weights = _policy_weights(policy, q[0], mask)                  # (M, C_t)
-                cur[k, w, lo:hi] = np.einsum("mc,qmc->cq", weights, np.stack(q))
-                # Z(prev = m): switch-free from here only if the policy calls m again and then never switches.
-                cur_z[k, w, :, lo:hi] = weights * np.sum(p * future_z, axis=0)
+        cost = cost_in[None, :, lo:hi] + br.cost_out[:, :, None]                   # (B, M, C_t)
+        reward = -lam * cost / c_ref + correct                                      # (K, 1, B, M, C_t)
+        ends = (done | (t + 1 >= turns))[..., None, None]                          # (K, W, B, 1, 1)
+        future = np.where(ends[..., None], 0.0, np.take(nxt, landing[..., lo:hi, :]))   # (K, W, B, M, C_t, Q)
+        future_z = np.where(ends, 1.0, np.take(nxt_z, landing_z[..., lo:hi]))            # (K, W, B, M, C_t)
+        q = [np.sum(p * (reward + gamma * future[..., 0]), axis=2),                 # (K, W, M, C_t) each
+             np.sum(p * (correct + future[..., 1]), axis=2),
+             np.sum(p * (cost + future[..., 2]), axis=2),
+             np.sum(p * (1.0 + future[..., 3]), axis=2)]
+        if second_moment:
+            q.append(np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0] + gamma**2 * future[..., 4]),
+                            axis=2))
+        weights = _policy_weights(policy, q[0], mask)                               # (K, W, M, C_t)
+        cur[:, :, lo:hi] = np.einsum("kwmc,qkwmc->kwcq", weights, np.stack(q))
+        # Z(prev = m): switch-free from here only if the policy calls m again and then never switches.
+        cur_z[:, :, :, lo:hi] = weights * np.sum(p * future_z, axis=2)
         values[t] = cur[:, :, :size, 0]
         if moments is not None:
             moments[t] = cur[:, :, :size, 4]
@@ -160,18 +158,18 @@ def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: flo
 
 
 def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(M, C) probability of calling each model at each prompt length."""
-    num_models, size = q_value.shape
-    weights = np.zeros((num_models, size))
+    """(..., M, C) probability of calling each model at each prompt length, from Q of the same shape."""
+    num_models = q_value.shape[-2]
     if policy == "oracle":
-        best = np.argmax(np.where(mask[:, None], q_value, -np.inf), axis=0)
-        weights[best, np.arange(size)] = 1.0
-    elif policy == "random":
-        weights[mask] = 1.0 / mask.sum()
+        best = np.argmax(np.where(mask[:, None], q_value, -np.inf), axis=-2)      # (..., C)
+        return (best[..., None, :] == np.arange(num_models)[:, None]).astype(q_value.dtype)
+    weights = np.zeros_like(q_value)
+    if policy == "random":
+        weights[..., mask, :] = 1.0 / mask.sum()
     else:
         if not mask[policy]:
             raise ValueError(f"fixed model {policy} is not available")
-        weights[policy] = 1.0
+        weights[..., policy, :] = 1.0
     return weights
 
 
@@ -185,9 +183,12 @@ def policy_report(sim: RouteSim, split: str, lam: float, gamma: float, c_ref: fl
     mask = np.ones(len(sim.pool), bool) if available is None else np.asarray(available, bool)
     policies = {"oracle": "oracle"} if oracle_only else {
         "oracle": "oracle", **{name: m for m, name in enumerate(sim.pool.names) if mask[m]}, "random": "random"}
+    tasks = sim.sim_tasks(split)
+    per_task = [branches(sim, t) for t in tasks]
     report = {}
     for name, policy in policies.items():
-        stats = [solve(sim, t, lam, gamma, c_ref, policy, available=mask).stats for t in sim.sim_tasks(split)]
+        stats = [solve(sim, t, lam, gamma, c_ref, policy, available=mask, task_branches=b).stats
+                 for t, b in zip(tasks, per_task)]
         report[name] = {"accuracy": float(np.mean([s.success for s in stats])),
                         "cost": float(np.sum([s.cost for s in stats])),
                         "return": float(np.mean([s.value for s in stats])),

@@ -46,7 +46,7 @@ from rivet_jax.baselines.single_turn import KNNRouter
 from rivet_jax.data.replay import episode_rows
 from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.schema import Episode, read_model_cards
-from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
 from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments import traces
 from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, choice_profile, committed,
@@ -92,8 +92,10 @@ def _train(config, data: MintData, workdir: Path, variants: dict[str, dict], see
                           {name: (overrides, "offline") for name, overrides in variants.items()}, seeds)
 
 
-def _routers(run_dirs: Sequence[Path], stage: str = "td") -> list[Router]:
-    return [Router.from_checkpoint(d, stage=stage) for d in run_dirs]
+def _routers(run_dirs: Sequence[Path], stage: str = "td", encoder: Encoder | None = None) -> list[Router]:
+    """The runs' routers at `stage`; `encoder` (the one they were trained with, checked) is shared instead of each
+    loading its own copy of the weights."""
+    return [Router.from_checkpoint(d, stage=stage, encoder=encoder) for d in run_dirs]
 
 
 # ---------------------------------------------------------------------------------------------- evaluation
@@ -321,7 +323,7 @@ def _new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, re
         log(f"  draw {d + 1}/{plan.draws}: trained without {', '.join(held)}")
         known = data.without(held, draw_dir(workdir, d) / "corpus")
         dirs = _train(config, known, draw_dir(workdir, d), {RIVET: {"loss.beta": 1.0}}, exp.seeds)[RIVET]
-        own = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
+        own = {"td": _routers(dirs, "td", store.encoder), "mc": _routers(dirs, "mc", store.encoder)}
         ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage, exp.floors)
         rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
                                config, reference, _first_state_scores, ignoring, validated)
@@ -357,7 +359,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("[2/5] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
     run_dirs = _train(config, data, workdir, variants, exp.seeds)
-    routers = {name: _routers(dirs) for name, dirs in run_dirs.items()}
+    store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
+    routers = {name: _routers(dirs, encoder=store.encoder) for name, dirs in run_dirs.items()}
     encoder_name = config.encoder.name
     hashing_routers = []
     if config.compare_hashing:
@@ -367,7 +370,6 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[3/5] fit the baselines and evaluate")
     train_eps = data.episodes["train"]
-    store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
     knn = KNNRouter.fit(train_eps, data.pool, store, config.reward.lam, data.c_ref, k=exp.knn_k)
     mtrouter = MTRouter.fit(train_eps, data.pool, store, lam=config.reward.lam, max_tokens=config.max_state_tokens,
                             epochs=exp.mtrouter_epochs, seed=config.seed, c_ref=data.c_ref)
@@ -390,8 +392,8 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         **committed(data, choosers[name][0], reference, lam, gamma)}
                        for name in ("oracle (per task)", BEST_FIXED, BEST_PER_FAMILY, "Weighted kNN",
                                     "MTRouter-style")]
-    named = {RIVET: routers["beta=1"], COMMITTED: _routers(run_dirs["beta=1"], "mc"), NO_RIVE: routers["beta=0"],
-             NO_RESPONSE: routers["zero response (beta=1)"]}
+    named = {RIVET: routers["beta=1"], COMMITTED: _routers(run_dirs["beta=1"], "mc", store.encoder),
+             NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers
     stores = {encoder_name: store}
@@ -424,7 +426,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     for sweep_lam in exp.lambdas:
         dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
                 else swept[f"lambda={sweep_lam:g}"])
-        stages = {"td": _routers(dirs, "td"), "mc": _routers(dirs, "mc")}
+        stages = {"td": _routers(dirs, "td", store.encoder), "mc": _routers(dirs, "mc", store.encoder)}
         validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage,
                                                exp.floors)
         if float(sweep_lam) != float(lam):
