@@ -74,7 +74,10 @@ def test_group_run_equals_its_solo_run(group_and_solo, i):
         alone = saved_params(configs[i], root / "solo" / str(i), stage)
         for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(together),
                                      jax.tree_util.tree_leaves_with_path(alone)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
+            # The online stage's many updates carry the vmapped and solo programs' rounding further (as 8 devices
+            # against 1 do: tests/test_sharding.py); where it went and what it kept are compared exactly below.
+            atol = 1e-4 if stage == "online" else 1e-6
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=atol,
                                        err_msg=f"run {i} stage {stage} {jax.tree_util.keystr(path)}")
     got, want = records(root / "group" / str(i)), records(root / "solo" / str(i))
     assert [(r["stage"], r["epoch"], r["step"]) for r in got] == [(r["stage"], r["epoch"], r["step"]) for r in want]
