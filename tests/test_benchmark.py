@@ -85,6 +85,7 @@ def test_scaling_curves_measure_every_point_and_clean_up(tmp_path):
     assert (tmp_path / "scaling.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_proxy_overhead_benchmark_measures_every_request_of_every_scenario():
     from configs import serve
     from rivet_jax.bench.serve import format_serve_rows, serve_overhead

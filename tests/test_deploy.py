@@ -94,6 +94,7 @@ def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
     assert est.estimator == "committed" and est.tasks == 2
 
 
+@pytest.mark.slow
 def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_dir, tmp_path):
     """A deploy.json naming a run, its TD stage, a recentring and commitment: Router.from_checkpoint(W) scores
     floor + k (Q - centre) of that checkpoint, keeps the previous turn's model, and an explicit stage does not."""

@@ -91,6 +91,7 @@ def test_rewards_and_returns_by_hand():
     np.testing.assert_allclose(turn_rewards(np.array([2.0, 1.0]), 0, 0.5, 2.0), [-0.5, -0.25])
 
 
+@pytest.mark.slow
 def test_cql_on_stochastic_choices_only_averages_over_those_transitions():
     """`loss.cql_on = "stochastic"`: Eq. 10 only where the logged choice was a draw, averaged over those rows;
     "all" is Eq. 10 on every row. Checked against `cql` per row on the network's own Q_route."""

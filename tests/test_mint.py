@@ -237,6 +237,7 @@ def shared_corpus():
     return pool, corpus, time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_all_shared_episodes_convert(shared_corpus, tmp_path):
     pool, corpus, seconds = shared_corpus
     assert seconds < 60

@@ -116,6 +116,7 @@ def test_xz_files_read_line_by_line_like_plain_ones(tmp_path):
     assert lines == [(1, b'{"a": 1}\n'), (2, '{"b": "\u00e9"}\n'.encode())]
 
 
+@pytest.mark.slow
 def test_the_shared_large_pool_converts():
     if not SHARED_LARGE.is_dir():
         pytest.skip(f"shared MINT large pool not present at {SHARED_LARGE}")

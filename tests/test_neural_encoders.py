@@ -82,6 +82,7 @@ def minilm() -> BertEncoder:
     return encoder
 
 
+@pytest.mark.slow
 @needs_minilm
 @needs_minilm_reference
 def test_minilm_matches_sentence_transformers_reference(minilm):
@@ -351,6 +352,7 @@ print("ok", worst)
 """
 
 
+@pytest.mark.slow
 @needs_qwen3_tiny
 def test_encoder_pass_splits_batches_over_local_devices_with_the_same_vectors(tmp_path):
     import subprocess

@@ -135,6 +135,7 @@ def test_a_stale_lock_file_does_not_block(tmp_path):
         assert (tmp_path / ".lock").read_text().startswith(f"pid {os.getpid()} ")
 
 
+@pytest.mark.slow
 def test_launcher_refuses_a_held_workdir_in_one_line(tmp_path):
     with hold_workdir(tmp_path):
         result = subprocess.run([sys.executable, "-m", "launch.train", "--config=configs/default.py:tiny",
@@ -271,6 +272,7 @@ def test_router_refuses_non_finite_parameters(trained, tmp_path):
         Router.from_checkpoint(workdir)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_training_never_saves_non_finite_parameters(tmp_path):
     # One step per epoch (the batch exceeds the corpus) and an infinite step size: the loss is finite, the

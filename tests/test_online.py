@@ -84,6 +84,7 @@ def test_online_needs_a_finished_td_stage(tmp_path):
         train.train(with_overrides(config, {"stage": "online"}), tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_a_non_finite_online_loss_is_the_one_non_finite_error(tmp_path):
     """Infinite logged rewards make the first online update's TD target infinite: the stage stops with the same
     NonFiniteError (a launcher's one-line user error) as the offline stages, naming its step and its settings."""

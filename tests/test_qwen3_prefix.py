@@ -192,6 +192,7 @@ def test_registry_option_keeps_the_fingerprint(encoders):
     assert reuse.fingerprint == separate.fingerprint
 
 
+@pytest.mark.slow
 @needs_qwen3_tiny
 def test_reuse_equals_separate_passes(encoders):
     rng = np.random.default_rng(0)

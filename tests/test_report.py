@@ -108,6 +108,7 @@ def written(tmp_path_factory):
     return workdir, exps, text
 
 
+@pytest.mark.slow
 def test_table1_is_one_table_per_split_test_first(written):
     workdir, exps, text = written
     found = markdown_tables(section(text, "Table 1"))
@@ -157,6 +158,7 @@ def figure_colours(fig) -> dict[str, set]:
     return found
 
 
+@pytest.mark.slow
 def test_one_colour_per_router_in_every_figure(tmp_path):
     exps = experiments()
     colours = palette(exps)

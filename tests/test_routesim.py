@@ -139,6 +139,7 @@ def test_environment_grades_text_alone():
     assert not respond("<solution> 33 </solution>", answers, 1, 2).correct
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["oracle", 2, "random"])
 def test_dp_matches_rollouts_in_the_environment(sim, policy):
     """The DP's exact expectations agree with Monte Carlo rollouts of the same policy in the environment."""

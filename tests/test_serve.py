@@ -254,6 +254,7 @@ def test_outcomes_are_checked(proxy):
     assert httpx.post(path, json={"outcome": 1}).status_code == 404  # closed already
 
 
+@pytest.mark.slow
 def test_the_recorded_file_validates_and_trains(proxy, router, tmp_path):
     url, live = proxy
     for k in range(3):
@@ -332,6 +333,7 @@ def test_serve_record_retrain_serve_on_old_and_new_logs_keeps_the_old_test_tasks
     assert serve_some(new, tmp_path / "log2", tasks[:1]).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_proxy_restarts_with_every_recorded_turn(workdir, upstreams, tmp_path):
     servers, modes = upstreams
     for mode in modes.values():
@@ -383,6 +385,7 @@ def test_a_killed_proxy_restarts_with_every_recorded_turn(workdir, upstreams, tm
     assert [t.response for t in episode.turns[:2]] == [m["content"] for m in messages[1::2]]
 
 
+@pytest.mark.slow
 def test_the_serve_config_refuses_unknown_backends_at_start(workdir, tmp_path):
     config = tmp_path / "bad.py"
     config.write_text("from configs import serve\n\n\ndef get_config():\n    config = serve.get_config()\n"
