@@ -65,6 +65,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.model.card_dim = 128     # z_m in R^128 (Eq. 22)
     config.model.head_hidden = 64
     config.model.response_dim = 64
+    config.model.card_inputs = ("description", "context", "prices", "flags")  # all (an ablation drops some)
 
     config.loss = ml_collections.ConfigDict()
     config.loss.beta = 1.0    # RIVE weight in Eq. 7; 0 = "w/o RIVE"

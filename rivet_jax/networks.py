@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rivet_jax.data.cards import CARD_INPUTS, input_columns
+
 RVE_MODULES = ("card_projector", "state_adapter", "route_head")
 
 
@@ -29,9 +31,14 @@ class CardProjector(nn.Module):
 
     hidden: int
     card_dim: int
+    inputs: tuple[str, ...] = CARD_INPUTS  # the card groups read; the others enter as zeros (fields as unknown)
 
     @nn.compact
     def __call__(self, e_m, x_m, mask):  # (M, D), (M, F), (M, F) -> (M, card_dim)
+        if tuple(self.inputs) != CARD_INPUTS:  # an ablation: the parameters keep their shapes
+            keep = jnp.asarray(input_columns(self.inputs, x_m.shape[-1]))             # (F,)
+            e_m = e_m if "description" in self.inputs else jnp.zeros_like(e_m)
+            x_m, mask = x_m * keep, mask * keep
         inputs = jnp.concatenate([e_m, x_m * mask, mask], axis=-1)
         hidden = nn.gelu(nn.Dense(self.hidden, name="in")(inputs))
         return nn.Dense(self.card_dim, name="out")(hidden)
@@ -79,9 +86,10 @@ class RivetNet(nn.Module):
     card_dim: int = 128
     head_hidden: int = 64
     response_dim: int = 64
+    card_inputs: tuple[str, ...] = CARD_INPUTS
 
     def setup(self):
-        self.card_projector = CardProjector(self.hidden, self.card_dim)
+        self.card_projector = CardProjector(self.hidden, self.card_dim, tuple(self.card_inputs))
         self.state_adapter = StateAdapter(self.hidden)
         self.route_head = ValueHead(self.head_hidden)
         self.response_projector = ResponseProjector(self.hidden, self.response_dim)
@@ -106,9 +114,11 @@ class RivetNet(nn.Module):
 
 
 def make_network(config: Any) -> RivetNet:
-    """The network from `config.model` (hidden, card_dim, head_hidden, response_dim)."""
+    """The network from `config.model` (hidden, card_dim, head_hidden, response_dim, card_inputs: every card input
+    where a config, e.g. an older checkpoint's, has none)."""
     return RivetNet(hidden=config.model.hidden, card_dim=config.model.card_dim,
-                    head_hidden=config.model.head_hidden, response_dim=config.model.response_dim)
+                    head_hidden=config.model.head_hidden, response_dim=config.model.response_dim,
+                    card_inputs=tuple(config.model.get("card_inputs", CARD_INPUTS)))
 
 
 def init_params(net: RivetNet, key: jax.Array, state_dim: int, cards) -> dict:

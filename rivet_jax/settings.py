@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, NamedTuple
 
+from rivet_jax.data.cards import CARD_INPUTS, valid_card_inputs
+
 RUN, EPOCHS, ONLINE, FREE = "run", "epochs", "online", "free"
 STAGES = ("mc", "td", "online", "offline", "all")
 CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition, or the stochastic choices only
@@ -116,6 +118,8 @@ SETTINGS: dict[str, Setting] = {
     "model.card_dim": Setting("width of the card projection z_m (Eq. 22)", *_INT1, RUN),
     "model.head_hidden": Setting("hidden width of the RVE and RIVE heads", *_INT1, RUN),
     "model.response_dim": Setting("width of RIVE's response projection", *_INT1, RUN),
+    "model.card_inputs": Setting("the card inputs the projector reads (the others enter as zeros)", valid_card_inputs,
+                                 "distinct groups among " + ", ".join(CARD_INPUTS), RUN),
     # loss (Eqs. 7-11)
     "loss.beta": Setting("RIVE's weight in Eq. 7; 0 = w/o RIVE", within(0.0, MAX_WEIGHT),
                          f"a number in [0, {MAX_WEIGHT:g}] (the RIVE weight of Eq. 7)", RUN, per_run=True,

@@ -96,3 +96,45 @@ def test_initialisation_is_flax_default_distribution_from_one_draw():
             assert np.all(leaf == (1.0 if path[-1].key == "scale" else 0.0)), path
     first, second = kernels[0].ravel()[:1000], kernels[1].ravel()[:1000]
     assert abs(np.corrcoef(first, second)[0, 1]) < 0.15  # distinct slices of the draw, not one repeated
+
+
+def test_card_input_columns_by_hand():
+    from rivet_jax.data.cards import input_columns
+
+    # x_m: context, price in, price out, then two flags
+    np.testing.assert_array_equal(input_columns(("prices",), 5), [0, 1, 1, 0, 0])
+    np.testing.assert_array_equal(input_columns(("context", "flags"), 5), [1, 0, 0, 1, 1])
+    np.testing.assert_array_equal(input_columns(("description",), 5), [0, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match="card inputs must be distinct groups"):
+        input_columns(("size",), 5)
+
+
+@pytest.mark.parametrize("dropped", ["description", "context", "prices", "flags"])
+def test_a_dropped_card_input_changes_nothing_and_the_others_still_count(setup, dropped):
+    """Without one card input, Q_route no longer moves when that input changes (the same parameters); with every
+    input (the default) it does, and the default network is the one without the option."""
+    net, params, cards, h, _ = setup
+    f = 5
+    rng = np.random.default_rng(1)
+    cards = (cards[0], jnp.asarray(rng.normal(size=(M, f)), jnp.float32), jnp.ones((M, f), jnp.float32))
+    params = init_params(net, jax.random.key(0), D, cards)
+    changed_e = cards[0] + 1.0
+    changed_x = cards[1].at[:, {"description": [], "context": [0], "prices": [1, 2], "flags": [3, 4]}[dropped]].add(1.0)
+    moved = (changed_e, changed_x, cards[2]) if dropped == "description" else (cards[0], changed_x, cards[2])
+    kept = tuple(g for g in ("description", "context", "prices", "flags") if g != dropped)
+    ablated = RivetNet(hidden=net.hidden, card_dim=net.card_dim, head_hidden=net.head_hidden,
+                       response_dim=net.response_dim, card_inputs=kept)
+    q = lambda n, c: np.asarray(n.apply({"params": params}, h, c, method=RivetNet.q_route))  # noqa: E731
+    np.testing.assert_array_equal(q(ablated, moved), q(ablated, cards))
+    assert not np.allclose(q(net, moved), q(net, cards))
+    np.testing.assert_array_equal(q(net, cards), q(RivetNet(hidden=net.hidden, card_dim=net.card_dim,
+                                                           head_hidden=net.head_hidden,
+                                                           response_dim=net.response_dim), cards))
+
+
+def test_the_card_inputs_setting_is_checked():
+    from rivet_jax.config_checks import check_config
+    from rivet_jax.experiments.common import with_overrides
+
+    with pytest.raises(ValueError, match="model.card_inputs"):
+        check_config(with_overrides(default.get_config("tiny"), {"model.card_inputs": ("size",)}))

@@ -21,6 +21,28 @@ _CONTEXT_LOG10_CENTER = 4.0
 _PRICE_LOG10_SCALE = 2.0
 
 
+# What the card projector may read, by group: the description's embedding e_m and x_m's columns (context: 0,
+# prices: 1-2, flags: the rest). `model.card_inputs` names the groups a network reads (an ablation leaves some out).
+CARD_INPUTS = ("description", "context", "prices", "flags")
+_COLUMNS = {"context": (0, 1), "prices": (1, 3), "flags": (3, None)}
+
+
+def valid_card_inputs(value) -> bool:
+    """Whether `value` names card input groups, each known and at most once."""
+    return isinstance(value, (tuple, list)) and len(set(value)) == len(value) and set(value) <= set(CARD_INPUTS)
+
+
+def input_columns(card_inputs: Sequence[str], num_features: int) -> np.ndarray:
+    """(F,) float32: 1 on the x_m columns of the groups in `card_inputs`, 0 on the others (read as unknown)."""
+    if not valid_card_inputs(card_inputs):
+        raise ValueError(f"card inputs must be distinct groups among {', '.join(CARD_INPUTS)}; got {card_inputs!r}")
+    keep = np.zeros(num_features, np.float32)
+    for group in card_inputs:
+        if group in _COLUMNS:
+            keep[slice(*_COLUMNS[group])] = 1.0
+    return keep
+
+
 def feature_names(pool: ModelPool) -> tuple[str, ...]:
     return ("log_context_length", "log_price_in", "log_price_out",
             *(f"capability:{flag}" for flag in pool.capability_names))
