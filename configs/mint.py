@@ -47,7 +47,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # New models from their cards (rivet_jax/experiments/mint_new_models.py): `draws` seeded draws of k models held
     # out of training and routed to from their cards (0 draws: off; six models leave too few to learn from), and
     # the models of new_models_dir (a directory in the layout of ../shared/mint-large), never trained on.
-    config.experiment.new_models = ml_collections.ConfigDict({"draws": 0, "k": 5, "seed": 2028})
+    # `card_ablation`: card input groups (rivet_jax.data.cards.CARD_INPUTS) each left out of one more run per draw
+    # (the experiment's first seed), with one run reading no card at all; () = no ablation.
+    config.experiment.new_models = ml_collections.ConfigDict({"draws": 0, "k": 5, "seed": 2028, "card_ablation": ()})
     config.new_models_dir = ""
 
     if arg == "tiny":

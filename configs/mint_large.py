@@ -37,6 +37,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     exp.reference_model = "gpt-4-0613"
     exp.floors = ("model", "family")  # eight task families: routing by family is the bar (issue 28)
     exp.new_models.draws = 3  # 3 draws of 5 of the 49 models (seed 2028), set before any result
+    exp.new_models.card_ablation = ("description", "context", "prices", "flags")  # item 4: each left out in turn
     if arg == "tiny":
         config.optim.batch_size = 16
         config.td_epochs = 3
@@ -44,4 +45,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         exp.lambdas = (0.0, 0.05)
         exp.max_tasks_per_subset = 2
         exp.new_models.draws, exp.new_models.k = 1, 1
+        exp.new_models.card_ablation = ("prices",)
     return config

@@ -16,6 +16,7 @@ import pytest
 from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.files import numbered_lines
 from rivet_jax.data.schema import DataError, ModelCard, ModelPool, read_episodes, read_model_cards
+from rivet_jax.router import Router
 
 SHARED_LARGE = Path(__file__).resolve().parents[2] / "shared" / "mint-large"
 
@@ -221,3 +222,20 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     assert with_cards["gain_vs_ignoring"] == pytest.approx(with_cards["return"] - ignoring["return"])
     report = (tmp_path / "work" / "report.md").read_text()
     assert "New models from their cards" in report
+
+    # Card ablation (tiny: without prices, and without any card input), one seed, beside that seed's full run
+    ablation = {r["variant"]: r for r in result["experiments"]["card_ablation"]}
+    assert set(ablation) == {"every card input", "w/o prices", "no card input"}
+    for r in ablation.values():
+        assert r["draw"] == "1" and r["new_models"] == held and r["runs"] == 1
+        assert r["new_mse"] >= 0 and r["known_mse"] >= 0
+        assert r["gain_vs_ignoring"] == pytest.approx(r["return"] - r["return_ignoring"])
+    runs = tmp_path / "work" / "new_models" / "draw_0" / "runs"
+    assert tuple(Router.from_checkpoint(runs / "no_prices" / "seed_0", stage="mc").config.model.card_inputs) == (
+        "description", "context", "flags")
+    # reading no card, the network scores every model alike on a state: only the floors can tell them apart
+    blind = Router.from_checkpoint(runs / "no_card_input" / "seed_0", stage="mc").with_new_models(
+        [POOL.cards[POOL.index(held)]])
+    q = blind.scores_from_embeddings(blind.encoder.encode(["a task", "another task"]))
+    np.testing.assert_allclose(q, np.broadcast_to(q[:, :1], q.shape), rtol=1e-6)
+    assert "Card inputs by ablation" in report

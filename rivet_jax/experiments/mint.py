@@ -43,19 +43,16 @@ from matplotlib.figure import Figure
 from rivet_jax.baselines.best_fixed import BEST_FIXED
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
-from rivet_jax.data.replay import episode_rows
-from rivet_jax.data.converters.mint import convert_mint
-from rivet_jax.data.schema import Episode, read_model_cards
-from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
-from rivet_jax.experiments.common import train_variants
+from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.experiments import traces
 from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, choice_profile, committed,
                                              expected_random, family_choice, fixed_choice, fixed_ranking,
-                                             oracle_choice, paired_intervals, shrunk, task_centres, task_floors)
-from rivet_jax.experiments.mint_new_models import draw_dir, held_out_draws, mean_rows, new_model_rows
+                                             oracle_choice, paired_intervals)
+from rivet_jax.experiments.mint_new_models import NOTES as NEW_MODEL_NOTES, TABLES as NEW_MODEL_TABLES, new_models
+from rivet_jax.experiments.mint_routers import (load_routers, router_choice, train_runs, validated_commitment,
+                                                value_error)
 from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section, save_figure,
                                           stage_section, write_outputs)
-from rivet_jax.router import Router
 
 # Variants trained for every seed: name -> config overrides.
 RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
@@ -79,98 +76,6 @@ def _variants(betas: Sequence[float]) -> dict[str, dict]:
     variants = {f"beta={b:g}": {"loss.beta": float(b)} for b in betas}
     variants["zero response (beta=1)"] = {"loss.beta": 1.0, "loss.zero_response": True}
     return variants
-
-
-# ------------------------------------------------------------------------------------------------ training
-
-
-def _train(config, data: MintData, workdir: Path, variants: dict[str, dict], seeds: Sequence[int]
-           ) -> dict[str, list[Path]]:
-    """Offline (MC + TD) runs of every variant (name -> config overrides) at every seed on the training split, as
-    one run group (one compiled program per stage, rivet_jax/engine.py); each variant's directories."""
-    return train_variants(config, data.train_path, data.cards_path, workdir,
-                          {name: (overrides, "offline") for name, overrides in variants.items()}, seeds)
-
-
-def _routers(run_dirs: Sequence[Path], stage: str = "td", encoder: Encoder | None = None) -> list[Router]:
-    """The runs' routers at `stage`; `encoder` (the one they were trained with, checked) is shared instead of each
-    loading its own copy of the weights."""
-    return [Router.from_checkpoint(d, stage=stage, encoder=encoder) for d in run_dirs]
-
-
-# ---------------------------------------------------------------------------------------------- evaluation
-
-
-def _first_state_scores(router: Router, data: MintData, store: EmbeddingStore, split: str) -> np.ndarray:
-    """Q_route(s_0, m) (T, M) for the split's tasks, in one batch from cached embeddings; -inf where a model is
-    unavailable on the task."""
-    h = store.embed([router.state_text(data.tasks[t].prompt, []) for t in data.split[split]])   # (T, D)
-    return router.scores_from_embeddings(h, data.mask(data.split[split], router.pool.names))
-
-
-def _argmax_choice(scores: np.ndarray, names: Sequence[str], task_ids: Sequence[str]) -> Callable[[str], str]:
-    """task id -> the model with the highest score (T, M) on that task's row."""
-    choices = {t: names[int(b)] for t, b in zip(task_ids, np.argmax(scores, axis=1))}
-    return choices.__getitem__
-
-
-def _router_choice(router: Router, data: MintData, store: EmbeddingStore) -> Callable[[str], str]:
-    """The router's first-state choice for every test task."""
-    return _argmax_choice(_first_state_scores(router, data, store, "test"), router.pool.names, data.split["test"])
-
-
-def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, store: EmbeddingStore, lam: float,
-                         gamma: float, shrinkage: Sequence[float], floors: Sequence[str] = ("model",)
-                         ) -> tuple[list[Callable[[str], str]], list[dict]]:
-    """The stage, floor and shrinkage k with the best mean validation J over the runs; its test choices per run, and
-    one row per (stage, floor, k) with its validation J. Ties go to the earlier stage, floor and k.
-
-    A run's first-state scores become floor + k (Q - centre) (`shrunk`): with the "model" floor, each model's mean
-    logged training return and the router's mean score (`recentred`); with the "family" floor, the same per task
-    family (subset), so that k = 0 is the best fixed model per family and k > 0 adds the router's differences
-    between tasks of a family."""
-    names = next(iter(stages.values()))[0].pool.names  # every stage's runs share one pool
-    floor_of = {kind: {split: task_floors(data, names, data.split[split], kind, lam, gamma)
-                       for split in ("validation", "test")} for kind in floors}
-    rows, best, best_j = [], None, -np.inf
-    for stage, routers in stages.items():
-        scores = [{split: _first_state_scores(r, data, store, split) for split in ("train", "validation", "test")}
-                  for r in routers]
-        for kind in floors:
-            floor = floor_of[kind]
-            centres = [{split: task_centres(data, s["train"], data.split[split], kind)
-                        for split in ("validation", "test")} for s in scores]
-            for k in shrinkage:
-                j = float(np.mean([committed(data, _argmax_choice(
-                    shrunk(s["validation"], floor["validation"], c["validation"], k), names, data.split["validation"]),
-                    1.0, lam, gamma, split="validation")["return"] for s, c in zip(scores, centres)]))
-                rows.append({"stage": stage, "floor": kind, "shrinkage_k": float(k), "validation_return": j,
-                             "chosen": ""})
-                if j > best_j + 1e-12:
-                    best, best_j = (len(rows) - 1, names, scores, centres, floor, k), j
-    index, names, scores, centres, floor, k = best
-    rows[index]["chosen"] = "yes"
-    return [_argmax_choice(shrunk(s["test"], floor["test"], c["test"], k), names, data.split["test"])
-            for s, c in zip(scores, centres)], rows
-
-
-def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store: EmbeddingStore | None = None
-                ) -> float:
-    """Mean squared error of Q_route(s_t, m_t) against the realised return G_t over every turn of `episodes`.
-
-    `store` (for the router's encoder) embeds each distinct state once across every router evaluated.
-    """
-    texts, actions, returns = [], [], []
-    for episode in episodes:
-        rows = episode_rows(episode, router.pool, router.config.reward.lam, gamma, router.c_ref)
-        returns.append(rows["mc_return"])
-        actions.append(rows["action"])
-        texts += [router.state_text(episode.task.prompt, episode.turns[:t]) for t in range(len(episode.turns))]
-    h = store.embed(texts) if store is not None else router.encoder.encode(texts)    # (N, D)
-    q = router.scores_from_embeddings(h)                                              # (N, M)
-    actions = np.concatenate(actions)
-    predicted = q[np.arange(len(actions)), actions]
-    return float(np.mean((predicted - np.concatenate(returns)) ** 2))
 
 
 def _interval(values: Sequence[float]) -> dict:
@@ -256,12 +161,6 @@ NOTES = {
         "shrinks the per-task differences toward it by k; the stage and k are chosen on the validation tasks "
         "(see the selection table), so where validation finds no per-task signal it commits to the best fixed "
         "model, and says so."),
-    "new_models": (
-        "Nothing here is chosen with the new models' logs: each draw's runs train on the other models' episodes; "
-        "the validated commitment's stage and k are chosen on validation among the known models (the row "
-        "'ignoring the new models'); a new model's floor is the router's own mean score for it over the training "
-        "tasks, corrected by its mean error on the known models' logged floors. Their logs only score the choices. "
-        "'trained with their logs' is the main runs' validated commitment (the same test tasks)."),
 }
 
 TABLES = {
@@ -290,51 +189,11 @@ TABLES = {
                          "over seeds)",
                          [("variant", "variant", -1), ("encoder", "encoder", -1), ("mse", "MSE", 4),
                           ("ci95_low", "95% low", 4), ("ci95_high", "95% high", 4), ("seeds", "seeds", -1)]),
-    "new_models": ("New models from their cards: each leave-k-models-out draw (then the mean over draws) and the "
-                   "models of new_models_dir, routed to over the whole pool on the test tasks; `new share`: the "
-                   "first choices that go to new models, `new success`: their accuracy there, `gain`: J against the "
-                   "same router ignoring them",
-                   [("draw", "draw", -1), ("new_models", "new models", -1), ("router", "router", -1),
-                    ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3),
-                    ("new_share", "new share", 3), ("new_success", "new success", 3),
-                    ("gain_vs_ignoring", "gain", 3)]),
     "lambda_sweep": ("Committed routing across lambda (RIVET: TD, MC stage, validated commitment) with the fixed "
                      "models, the oracle and the baselines at the configured lambda",
                      [("router", "router", -1), ("lambda", "lambda", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3)]),
 }
-
-
-# ---------------------------------------------------------------------------------------------- new models
-
-
-def _new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, reference: float,
-                validated: Sequence[Callable[[str], str]], stages: dict[str, list[Router]], chosen: dict,
-                log: Callable[[str], None]) -> list[dict]:
-    """Leave-k-models-out draws and the models of `config.new_models_dir`, routed to from their cards
-    (rivet_jax.experiments.mint_new_models); each draw's rows, then their means."""
-    exp, lam, gamma = config.experiment, config.reward.lam, config.reward.gamma
-    plan = exp.new_models
-    new_dir = config.get("new_models_dir") or ""
-    log(f"[5/5] new models from their cards: {plan.draws} leave-{plan.k}-models-out draw(s)"
-        + (f", the models of {new_dir}" if new_dir else ""))
-    rows = []
-    for d, held in enumerate(held_out_draws(data.pool.names, plan.k, plan.draws, plan.seed)):
-        log(f"  draw {d + 1}/{plan.draws}: trained without {', '.join(held)}")
-        known = data.without(held, draw_dir(workdir, d) / "corpus")
-        dirs = _train(config, known, draw_dir(workdir, d), {RIVET: {"loss.beta": 1.0}}, exp.seeds)[RIVET]
-        own = {"td": _routers(dirs, "td", store.encoder), "mc": _routers(dirs, "mc", store.encoder)}
-        ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage, exp.floors)
-        rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
-                               config, reference, _first_state_scores, ignoring, validated)
-    if plan.draws > 1:
-        rows += mean_rows(rows)
-    if new_dir:
-        pool = read_model_cards(Path(new_dir) / "model_cards.json")
-        wider = data.with_models(pool, convert_mint(Path(new_dir), pool))
-        rows += new_model_rows(f"{new_dir}", pool.names, wider, data, stages, chosen, store, config, reference,
-                               _first_state_scores, validated, None)
-    return rows
 
 
 # ---------------------------------------------------------------------------------------------------- main
@@ -358,15 +217,15 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[2/5] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
-    run_dirs = _train(config, data, workdir, variants, exp.seeds)
+    run_dirs = train_runs(config, data, workdir, variants, exp.seeds)
     store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
-    routers = {name: _routers(dirs, encoder=store.encoder) for name, dirs in run_dirs.items()}
+    routers = {name: load_routers(dirs, encoder=store.encoder) for name, dirs in run_dirs.items()}
     encoder_name = config.encoder.name
     hashing_routers = []
     if config.compare_hashing:
         hashing = {"encoder.name": "hashing", "encoder.dim": 1024}
-        hashing_routers = _routers(_train(config, data, workdir, {"hashing beta=1": {**hashing, "loss.beta": 1.0}},
-                                          exp.seeds)["hashing beta=1"])
+        hashing_runs = train_runs(config, data, workdir, {"hashing beta=1": {**hashing, "loss.beta": 1.0}}, exp.seeds)
+        hashing_routers = load_routers(hashing_runs["hashing beta=1"])
 
     log("[3/5] fit the baselines and evaluate")
     train_eps = data.episodes["train"]
@@ -392,7 +251,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         **committed(data, choosers[name][0], reference, lam, gamma)}
                        for name in ("oracle (per task)", BEST_FIXED, BEST_PER_FAMILY, "Weighted kNN",
                                     "MTRouter-style")]
-    named = {RIVET: routers["beta=1"], COMMITTED: _routers(run_dirs["beta=1"], "mc", store.encoder),
+    named = {RIVET: routers["beta=1"], COMMITTED: load_routers(run_dirs["beta=1"], "mc", store.encoder),
              NO_RIVE: routers["beta=0"], NO_RESPONSE: routers["zero response (beta=1)"]}
     if hashing_routers:
         named["RIVET (hashing)"] = hashing_routers
@@ -401,7 +260,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         stores["hashing"] = EmbeddingStore(hashing_routers[0].encoder, workdir / "embeddings")
     for name, seeds in named.items():
         encoder = "hashing" if "hashing" in name else encoder_name
-        choosers[name] = [_router_choice(r, data, stores[encoder]) for r in seeds]
+        choosers[name] = [router_choice(r, data, stores[encoder]) for r in seeds]
     choosers[VALIDATED], selection_rows = validated_commitment(
         {"td": named[RIVET], "mc": named[COMMITTED]}, data, store, lam, gamma, exp.shrinkage, exp.floors)
     selection_rows = [{"lambda": float(lam), "seeds": len(named[RIVET]), **r} for r in selection_rows]
@@ -421,27 +280,27 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     log("[4/5] lambda sweep of committed routing")
     sweep_rows = []
-    swept = _train(config, data, workdir, {f"lambda={x:g}": {"reward.lam": float(x)} for x in exp.lambdas
+    swept = train_runs(config, data, workdir, {f"lambda={x:g}": {"reward.lam": float(x)} for x in exp.lambdas
                                            if float(x) != float(lam)}, exp.sweep_seeds)
     for sweep_lam in exp.lambdas:
         dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
                 else swept[f"lambda={sweep_lam:g}"])
-        stages = {"td": _routers(dirs, "td", store.encoder), "mc": _routers(dirs, "mc", store.encoder)}
+        stages = {"td": load_routers(dirs, "td", store.encoder), "mc": load_routers(dirs, "mc", store.encoder)}
         validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage,
                                                exp.floors)
         if float(sweep_lam) != float(lam):
             selection_rows += [{"lambda": float(sweep_lam), "seeds": len(dirs), **r} for r in rows]
-        for name, fns in ((RIVET, [_router_choice(r, data, store) for r in stages["td"]]),
-                          (COMMITTED, [_router_choice(r, data, store) for r in stages["mc"]]), (VALIDATED, validated)):
+        for name, fns in ((RIVET, [router_choice(r, data, store) for r in stages["td"]]),
+                          (COMMITTED, [router_choice(r, data, store) for r in stages["mc"]]), (VALIDATED, validated)):
             per_seed = [committed(data, choose, reference, float(sweep_lam), gamma) for choose in fns]
             sweep_rows.append({"router": name, "lambda": float(sweep_lam),
                                **{k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0]}})
     sweep_rows += [{**r, "lambda": ""} for r in committed_rows
                    if r["router"].startswith(("fixed:", "oracle")) or r["router"] in SWEEP_POINTS]
 
-    new_rows = _new_models(config, data, workdir, store, reference, choosers[VALIDATED],
-                           {"td": named[RIVET], "mc": named[COMMITTED]},
-                           next(r for r in selection_rows if r["chosen"] and r["lambda"] == float(lam)), log)
+    card_experiments = new_models(config, data, workdir, store, reference, choosers[VALIDATED],
+                                  {"td": named[RIVET], "mc": named[COMMITTED]},
+                                  next(r for r in selection_rows if r["chosen"] and r["lambda"] == float(lam)), log)
 
     # A call that failed before any answer has no turns to trace.
     picks = {name: [(t, choose(t)) for choose in fns for t in data.split["test"]] for name, fns in choosers.items()}
@@ -460,8 +319,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                    "stage_preferences": [{"router": name, "stage": stage, **shares}
                                          for name, eps in committed_traces.items()
                                          for stage, shares in traces.stage_preferences(eps, data.pool.names).items()]}
-    if new_rows:
-        experiments["new_models"] = new_rows
+    experiments.update(card_experiments)
     meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
             "summary": (f"MINT logs ({len(data.pool)} models, {len(data.tasks)} tasks), split train "
@@ -472,10 +330,11 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"logs because every model ran every task.")}
     traced = ("the logged episodes each committed choice selects on the test tasks; a fixed model's are its logs as "
               "they are")
-    tables = {**TABLES, "post_error": post_error_section(traced),
+    tables = {**TABLES, **NEW_MODEL_TABLES, "post_error": post_error_section(traced),
               "stage_preferences": stage_section(traced, data.pool.names)}
     write_outputs(workdir, experiments, meta, "RIVET on the MINT logs", tables=tables,
-                  plots={"lambda_sweep": _plot_sweep, "stage_preferences": plot_stage_preferences}, notes=NOTES)
+                  plots={"lambda_sweep": _plot_sweep, "stage_preferences": plot_stage_preferences},
+                  notes={**NOTES, **NEW_MODEL_NOTES})
     log(f"report written to {workdir / 'report.md'}")
     return {"experiments": experiments, "meta": meta}
 

@@ -29,16 +29,23 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rivet_jax.baselines.mtrouter import MTRouter
-from rivet_jax.data.schema import ModelCard
+from rivet_jax.data.cards import CARD_INPUTS
+from rivet_jax.data.converters.mint import convert_mint
+from rivet_jax.data.schema import ModelCard, read_model_cards
 from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.experiments.mint_data import (MintData, committed, family_choice, shrunk, task_centres,
                                              task_floors)
+from rivet_jax.experiments.mint_routers import (first_state_scores, load_routers, train_runs, validated_commitment,
+                                                value_error)
 from rivet_jax.router import Router
 
-__all__ = ["held_out_draws", "card_floor", "card_commitment", "new_model_rows"]
+__all__ = ["held_out_draws", "card_floor", "card_commitment", "new_model_rows", "ablation_variants",
+           "card_ablation_rows", "new_models", "NOTES", "TABLES"]
 
 Chooser = Callable[[str], str]
-Scores = Callable[[Router, MintData, EmbeddingStore, str], np.ndarray]  # Q_route(s_0, m) (T, M) on a split's tasks
+TRAINED = "RIVET"  # each draw's runs (beta = 1)
+EVERY_INPUT = "every card input"  # the card ablation's reference: the draw's first run, reading the whole card
+NO_CARD = "no card input"  # the ablation without any card input: every model looks the same to the projector
 
 
 def held_out_draws(names: Sequence[str], k: int, draws: int, seed: int) -> list[tuple[str, ...]]:
@@ -59,8 +66,7 @@ def card_floor(logged: np.ndarray, centre: np.ndarray) -> np.ndarray:
 
 
 def card_commitment(routers: Sequence[Router], cards: Sequence[ModelCard], data: MintData, known: MintData,
-                    store: EmbeddingStore, kind: str, k: float, lam: float, gamma: float, scores: Scores
-                    ) -> list[Chooser]:
+                    store: EmbeddingStore, kind: str, k: float, lam: float, gamma: float) -> list[Chooser]:
     """Each router's test choices over its pool plus `cards` (`data`: the tables with the new models' logs, for
     availability and scoring), with the floor kind and shrinkage k chosen on the known models, the new models'
     floors from `card_floor`."""
@@ -69,7 +75,7 @@ def card_commitment(routers: Sequence[Router], cards: Sequence[ModelCard], data:
     for router in routers:
         wide = router.with_new_models(cards)
         names = wide.pool.names
-        train, test = scores(wide, data, store, "train"), scores(wide, data, store, "test")
+        train, test = first_state_scores(wide, data, store, "train"), first_state_scores(wide, data, store, "test")
         centre = task_centres(data, train, tasks, kind)
         floor = card_floor(task_floors(known, names, tasks, kind, lam, gamma), centre)   # NaN -> from the card
         best = np.argmax(shrunk(test, floor, centre, k), axis=1)
@@ -94,8 +100,8 @@ def _row(name: str, choosers: Sequence[Chooser], data: MintData, reference: floa
 
 
 def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintData, routers: dict[str, list[Router]],
-                   chosen: dict, store: EmbeddingStore, config, reference: float, scores: Scores,
-                   ignoring: Sequence[Chooser], trained_with_logs: Sequence[Chooser] | None) -> list[dict]:
+                   chosen: dict, store: EmbeddingStore, config, reference: float, ignoring: Sequence[Chooser],
+                   trained_with_logs: Sequence[Chooser] | None) -> list[dict]:
     """The rows of one draw (or of new_models_dir): see the module docstring. `routers`: stage -> the runs trained
     without the new models; `chosen`: the validated commitment's chosen row on the known models; `ignoring`: its
     test choices."""
@@ -118,8 +124,8 @@ def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintDa
     mt_cards = [functools.cache(lambda t: wide.act(data.tasks[t], (), data.available[t], None)[0])]
     rivet, mt = row("RIVET ignoring the new models", ignoring), row("MTRouter-style ignoring them", mt_known)
     found = [rivet, with_cards("RIVET with their cards", card_commitment(
-        routers[chosen["stage"]], cards, data, known, store, chosen["floor"], chosen["shrinkage_k"], lam, gamma,
-        scores), rivet)]
+        routers[chosen["stage"]], cards, data, known, store, chosen["floor"], chosen["shrinkage_k"], lam, gamma),
+        rivet)]
     if trained_with_logs is not None:
         found.append(with_cards("RIVET trained with their logs", trained_with_logs, rivet))
     found += [mt, with_cards("MTRouter-style with their cards", mt_cards, mt),
@@ -127,14 +133,14 @@ def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintDa
     return [{"draw": draw, "new_models": ", ".join(held), **r} for r in found]
 
 
-def mean_rows(rows: Sequence[dict]) -> list[dict]:
-    """One row per router: the mean over the draws (each draw's rows as given)."""
-    names = list(dict.fromkeys(r["router"] for r in rows))
+def mean_rows(rows: Sequence[dict], key: str = "router") -> list[dict]:
+    """One row per router (or other `key`): the mean over the draws (each draw's rows as given)."""
+    names = list(dict.fromkeys(r[key] for r in rows))
     out = []
     for name in names:
-        mine = [r for r in rows if r["router"] == name]
+        mine = [r for r in rows if r[key] == name]
         keys = [k for k in mine[0] if isinstance(mine[0][k], float)]
-        out.append({"draw": f"mean of {len(mine)}", "new_models": "", "router": name,
+        out.append({"draw": f"mean of {len(mine)}", "new_models": "", key: name,
                     **{k: float(np.nanmean([r[k] for r in mine])) if any(np.isfinite(r[k]) for r in mine)
                        else float("nan") for k in keys}})
     return out
@@ -142,3 +148,130 @@ def mean_rows(rows: Sequence[dict]) -> list[dict]:
 
 def draw_dir(workdir: Path, draw: int) -> Path:
     return workdir / "new_models" / f"draw_{draw}"
+
+
+# ------------------------------------------------------------------------------------------- card ablation
+
+
+def ablation_variants(dropped: Sequence[str]) -> dict[str, dict]:
+    """name -> config overrides: for each card input group in `dropped`, the network without it ("w/o prices"), and
+    the network without any card input (`NO_CARD`: only the floors tell models apart)."""
+    bad = sorted(set(dropped) - set(CARD_INPUTS))
+    if bad:
+        raise ValueError(f"experiment.new_models.card_ablation: unknown card input(s) {bad}; known: "
+                         f"{', '.join(CARD_INPUTS)}")
+    variants = {f"w/o {group}": {"model.card_inputs": tuple(g for g in CARD_INPUTS if g != group)}
+                for group in dropped}
+    return {**variants, NO_CARD: {"model.card_inputs": ()}} if variants else {}
+
+
+def card_ablation_rows(draw: str, held: Sequence[str], data: MintData, known: MintData,
+                       variants: dict[str, Sequence[Path]], store: EmbeddingStore, config, reference: float
+                       ) -> list[dict]:
+    """One row per variant (name -> its run directories, trained without the `held` models): the held-out models'
+    value error from their cards, the known models' value error, and committed routing with their cards.
+
+    Value errors: MSE of the MC stage's Q_route(s_t, m_t) against the realised return G_t over every turn of the
+    test tasks' logged episodes (the MC stage regresses exactly G_t on these fixed-model logs), of the held-out
+    models (scored from their cards) and of the known ones. Routing: each variant's own validated commitment
+    (stage, floor, k chosen on validation among the known models), then with the new cards (`card_commitment`)."""
+    lam, gamma, exp = config.reward.lam, config.reward.gamma, config.experiment
+    cards = [data.pool.cards[data.pool.index(m)] for m in held]
+    new_test = [data.logged[(t, m)] for t in data.split["test"] for m in held if (t, m) in data.logged]
+    rows = []
+    for name, dirs in variants.items():
+        stages = {stage: load_routers(dirs, stage, store.encoder) for stage in ("td", "mc")}
+        ignoring, selection = validated_commitment(stages, known, store, lam, gamma, exp.shrinkage, exp.floors)
+        chosen = next(r for r in selection if r["chosen"])
+        choosers = card_commitment(stages[chosen["stage"]], cards, data, known, store, chosen["floor"],
+                                   chosen["shrinkage_k"], lam, gamma)
+        base = _row(name, ignoring, data, reference, lam, gamma)
+        found = _with_cards(_row(name, choosers, data, reference, lam, gamma), choosers, base, set(held), data)
+        rows.append({"draw": draw, "new_models": ", ".join(held), "variant": name, "runs": len(dirs),
+                     "chosen": f"{chosen['stage']}, {chosen['floor']}, k = {chosen['shrinkage_k']:g}",
+                     "new_mse": float(np.mean([value_error(r.with_new_models(cards), new_test, gamma, store)
+                                               for r in stages["mc"]])),
+                     "known_mse": float(np.mean([value_error(r, known.episodes["test"], gamma, store)
+                                                 for r in stages["mc"]])),
+                     "return_ignoring": base["return"],
+                     **{k: found[k] for k in ("accuracy", "cost_usd", "return", "new_share", "new_success",
+                                              "gain_vs_ignoring")}})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, reference: float,
+               validated: Sequence[Chooser], stages: dict[str, list[Router]], chosen: dict,
+               log: Callable[[str], None]) -> dict[str, list[dict]]:
+    """Leave-k-models-out draws (with the card ablation where configured) and the models of
+    `config.new_models_dir`, routed to from their cards: {"new_models": each draw's rows then their means,
+    "card_ablation": the same}, the tables that have rows. `validated`, `stages`, `chosen`: the main runs'
+    validated commitment (its test choices), their routers per stage and the chosen selection row."""
+    exp, lam, gamma = config.experiment, config.reward.lam, config.reward.gamma
+    plan = exp.new_models
+    new_dir = config.get("new_models_dir") or ""
+    ablated = ablation_variants(plan.get("card_ablation", ()))
+    log(f"[5/5] new models from their cards: {plan.draws} leave-{plan.k}-models-out draw(s)"
+        + (f" with {len(ablated)} card ablation(s)" if ablated and plan.draws else "")
+        + (f", the models of {new_dir}" if new_dir else ""))
+    rows, ablation = [], []
+    for d, held in enumerate(held_out_draws(data.pool.names, plan.k, plan.draws, plan.seed)):
+        log(f"  draw {d + 1}/{plan.draws}: trained without {', '.join(held)}")
+        known = data.without(held, draw_dir(workdir, d) / "corpus")
+        dirs = train_runs(config, known, draw_dir(workdir, d), {TRAINED: {"loss.beta": 1.0}}, exp.seeds)[TRAINED]
+        own = {"td": load_routers(dirs, "td", store.encoder), "mc": load_routers(dirs, "mc", store.encoder)}
+        ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage, exp.floors)
+        rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
+                               config, reference, ignoring, validated)
+        if ablated:  # one seed each (the first), beside the same seed's run reading every input
+            log(f"  draw {d + 1}: card ablation ({', '.join(ablated)}), seed {exp.seeds[0]}")
+            runs = train_runs(config, known, draw_dir(workdir, d), ablated, exp.seeds[:1])
+            ablation += card_ablation_rows(str(d + 1), held, data, known, {EVERY_INPUT: dirs[:1], **runs}, store,
+                                           config, reference)
+    if plan.draws > 1:
+        rows += mean_rows(rows)
+        ablation += mean_rows(ablation, key="variant")
+    if new_dir:
+        pool = read_model_cards(Path(new_dir) / "model_cards.json")
+        wider = data.with_models(pool, convert_mint(Path(new_dir), pool))
+        rows += new_model_rows(f"{new_dir}", pool.names, wider, data, stages, chosen, store, config, reference,
+                               validated, None)
+    return {name: found for name, found in (("new_models", rows), ("card_ablation", ablation)) if found}
+
+
+NOTES = {
+    "new_models": (
+        "Nothing here is chosen with the new models' logs: each draw's runs train on the other models' episodes; "
+        "the validated commitment's stage and k are chosen on validation among the known models (the row "
+        "'ignoring the new models'); a new model's floor is the router's own mean score for it over the training "
+        "tasks, corrected by its mean error on the known models' logged floors. Their logs only score the choices. "
+        "'trained with their logs' is the main runs' validated commitment (the same test tasks)."),
+    "card_ablation": (
+        "Each variant is trained on the same draw's known models with one card input group left out (it enters as "
+        "zeros, read as unknown), one seed (the experiment's first; 'every card input' is that seed's run of the "
+        "draw); 'no card input' reads no card at all, so its scores cannot tell models apart beyond the floors. "
+        "A card input carries information where leaving it out raises the held-out models' value error or lowers "
+        "the J gained with their cards. Size, family and open weights are not fields of the card's x_m: they reach "
+        "the projector through the description's embedding only."),
+}
+
+TABLES = {
+    "new_models": ("New models from their cards: each leave-k-models-out draw (then the mean over draws) and the "
+                   "models of new_models_dir, routed to over the whole pool on the test tasks; `new share`: the "
+                   "first choices that go to new models, `new success`: their accuracy there, `gain`: J against the "
+                   "same router ignoring them",
+                   [("draw", "draw", -1), ("new_models", "new models", -1), ("router", "router", -1),
+                    ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3),
+                    ("new_share", "new share", 3), ("new_success", "new success", 3),
+                    ("gain_vs_ignoring", "gain", 3)]),
+    "card_ablation": ("Card inputs by ablation on the leave-k-models-out draws (then the mean over draws): the "
+                      "held-out models' value error from their cards (`new MSE`, MC stage, test episodes), the "
+                      "known models' (`known MSE`), and committed routing with their cards at each variant's own "
+                      "validated choice (`J ignoring`: without them; `gain`: J with them minus J ignoring them)",
+                      [("draw", "draw", -1), ("variant", "variant", -1), ("chosen", "stage, floor, k", -1),
+                       ("new_mse", "new MSE", 4), ("known_mse", "known MSE", 4), ("return_ignoring", "J ignoring", 3),
+                       ("return", "J", 3), ("gain_vs_ignoring", "gain", 3), ("new_share", "new share", 3),
+                       ("new_success", "new success", 3)]),
+}
