@@ -74,9 +74,11 @@ def test_group_run_equals_its_solo_run(group_and_solo, i):
         alone = saved_params(configs[i], root / "solo" / str(i), stage)
         for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(together),
                                      jax.tree_util.tree_leaves_with_path(alone)):
-            # The online stage's many updates carry the vmapped and solo programs' rounding further (as 8 devices
-            # against 1 do: tests/test_sharding.py); where it went and what it kept are compared exactly below.
-            atol = 1e-4 if stage == "online" else 1e-6
+            # The vmapped and solo programs round differently; each stage's updates carry that further: TD's
+            # bootstrapped targets move one weight of 512 by 1.8e-6 on some CPUs (and not on others), the online
+            # stage's many updates more (as 8 devices against 1 do: tests/test_sharding.py); where the online
+            # stage went and what it kept are compared exactly below.
+            atol = {"mc": 1e-6, "td": 1e-5, "online": 1e-4}[stage]
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=atol,
                                        err_msg=f"run {i} stage {stage} {jax.tree_util.keystr(path)}")
     got, want = records(root / "group" / str(i)), records(root / "solo" / str(i))
