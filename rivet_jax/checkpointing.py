@@ -230,25 +230,20 @@ def latest_stage(workdir: str | os.PathLike, stages: tuple[str, ...]) -> str | N
     return found[-1] if found else None
 
 
-def compatibility_problems(meta: dict, pool: ModelPool, encoder_fingerprint: str, model_config: dict | None = None,
-                           source: str = "checkpoint") -> list[str]:
-    """Every difference between a checkpoint's pool, encoder (and network widths) and those in use."""
+def compatibility_problems(meta: dict, pool: ModelPool, encoder_fingerprint: str, source: str = "checkpoint"
+                           ) -> list[str]:
+    """Every difference between a checkpoint's pool and encoder and those in use."""
     problems = []
     saved_pool = ModelPool.from_json(meta["pool"], path=f"{source}/meta")
     problems += [f"pool: {d}" for d in saved_pool.differences(pool)]
     if meta["encoder"]["fingerprint"] != encoder_fingerprint:
         problems.append(f"encoder: checkpoint has {meta['encoder']['fingerprint']!r}, "
                         f"this run has {encoder_fingerprint!r}")
-    if model_config is not None:
-        saved_model = meta["config"]["model"]
-        problems += [f"network: model.{k} is {saved_model.get(k)!r} in the checkpoint, {v!r} here"
-                     for k, v in model_config.items() if saved_model.get(k) != v]
     return problems
 
 
-def check_compatible(meta: dict, pool: ModelPool, encoder_fingerprint: str, model_config: dict | None = None,
-                     source: str = "checkpoint") -> None:
+def check_compatible(meta: dict, pool: ModelPool, encoder_fingerprint: str, source: str = "checkpoint") -> None:
     """Raises CheckpointMismatchError naming every difference between a checkpoint and what is in use."""
-    problems = compatibility_problems(meta, pool, encoder_fingerprint, model_config, source)
+    problems = compatibility_problems(meta, pool, encoder_fingerprint, source)
     if problems:
         raise CheckpointMismatchError(f"{source} does not match this run: " + "; ".join(problems))
