@@ -35,7 +35,7 @@ class CardProjector(nn.Module):
 
     @nn.compact
     def __call__(self, e_m, x_m, mask):  # (M, D), (M, F), (M, F) -> (M, card_dim)
-        if tuple(self.inputs) != CARD_INPUTS:  # an ablation: the parameters keep their shapes
+        if self.inputs != CARD_INPUTS:  # an ablation: the parameters keep their shapes
             keep = jnp.asarray(input_columns(self.inputs, x_m.shape[-1]))             # (F,)
             e_m = e_m if "description" in self.inputs else jnp.zeros_like(e_m)
             x_m, mask = x_m * keep, mask * keep
@@ -89,7 +89,7 @@ class RivetNet(nn.Module):
     card_inputs: tuple[str, ...] = CARD_INPUTS
 
     def setup(self):
-        self.card_projector = CardProjector(self.hidden, self.card_dim, tuple(self.card_inputs))
+        self.card_projector = CardProjector(self.hidden, self.card_dim, self.card_inputs)
         self.state_adapter = StateAdapter(self.hidden)
         self.route_head = ValueHead(self.head_hidden)
         self.response_projector = ResponseProjector(self.hidden, self.response_dim)

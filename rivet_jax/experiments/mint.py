@@ -49,8 +49,8 @@ from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, c
                                              expected_random, family_choice, fixed_choice, fixed_ranking,
                                              oracle_choice, paired_intervals)
 from rivet_jax.experiments.mint_new_models import NOTES as NEW_MODEL_NOTES, TABLES as NEW_MODEL_TABLES, new_models
-from rivet_jax.experiments.mint_routers import (load_routers, router_choice, train_runs, validated_commitment,
-                                                value_error)
+from rivet_jax.experiments.mint_routers import (load_routers, load_stages, router_choice, train_runs,
+                                                validated_commitment, value_error)
 from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section, save_figure,
                                           stage_section, write_outputs)
 
@@ -285,7 +285,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     for sweep_lam in exp.lambdas:
         dirs = (run_dirs["beta=1"][:len(exp.sweep_seeds)] if float(sweep_lam) == float(lam)
                 else swept[f"lambda={sweep_lam:g}"])
-        stages = {"td": load_routers(dirs, "td", store.encoder), "mc": load_routers(dirs, "mc", store.encoder)}
+        stages = load_stages(dirs, store.encoder)
         validated, rows = validated_commitment(stages, data, store, float(sweep_lam), gamma, exp.shrinkage,
                                                exp.floors)
         if float(sweep_lam) != float(lam):

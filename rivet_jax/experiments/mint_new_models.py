@@ -29,13 +29,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rivet_jax.baselines.mtrouter import MTRouter
-from rivet_jax.data.cards import CARD_INPUTS
+from rivet_jax.data.cards import CARD_INPUTS, valid_card_inputs
 from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.schema import ModelCard, read_model_cards
 from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.experiments.mint_data import (MintData, committed, family_choice, shrunk, task_centres,
                                              task_floors)
-from rivet_jax.experiments.mint_routers import (first_state_scores, load_routers, train_runs, validated_commitment,
+from rivet_jax.experiments.mint_routers import (first_state_scores, load_stages, train_runs, validated_commitment,
                                                 value_error)
 from rivet_jax.router import Router
 
@@ -156,20 +156,19 @@ def draw_dir(workdir: Path, draw: int) -> Path:
 def ablation_variants(dropped: Sequence[str]) -> dict[str, dict]:
     """name -> config overrides: for each card input group in `dropped`, the network without it ("w/o prices"), and
     the network without any card input (`NO_CARD`: only the floors tell models apart)."""
-    bad = sorted(set(dropped) - set(CARD_INPUTS))
-    if bad:
-        raise ValueError(f"experiment.new_models.card_ablation: unknown card input(s) {bad}; known: "
-                         f"{', '.join(CARD_INPUTS)}")
+    if not valid_card_inputs(dropped):
+        raise ValueError(f"experiment.new_models.card_ablation must name distinct groups among "
+                         f"{', '.join(CARD_INPUTS)}; got {dropped!r}")
     variants = {f"w/o {group}": {"model.card_inputs": tuple(g for g in CARD_INPUTS if g != group)}
                 for group in dropped}
     return {**variants, NO_CARD: {"model.card_inputs": ()}} if variants else {}
 
 
 def card_ablation_rows(draw: str, held: Sequence[str], data: MintData, known: MintData,
-                       variants: dict[str, Sequence[Path]], store: EmbeddingStore, config, reference: float
+                       variants: dict[str, dict[str, list[Router]]], store: EmbeddingStore, config, reference: float
                        ) -> list[dict]:
-    """One row per variant (name -> its run directories, trained without the `held` models): the held-out models'
-    value error from their cards, the known models' value error, and committed routing with their cards.
+    """One row per variant (name -> its runs' routers per stage, trained without the `held` models): the held-out
+    models' value error from their cards, the known models' value error, and committed routing with their cards.
 
     Value errors: MSE of the MC stage's Q_route(s_t, m_t) against the realised return G_t over every turn of the
     test tasks' logged episodes (the MC stage regresses exactly G_t on these fixed-model logs), of the held-out
@@ -179,15 +178,14 @@ def card_ablation_rows(draw: str, held: Sequence[str], data: MintData, known: Mi
     cards = [data.pool.cards[data.pool.index(m)] for m in held]
     new_test = [data.logged[(t, m)] for t in data.split["test"] for m in held if (t, m) in data.logged]
     rows = []
-    for name, dirs in variants.items():
-        stages = {stage: load_routers(dirs, stage, store.encoder) for stage in ("td", "mc")}
+    for name, stages in variants.items():
         ignoring, selection = validated_commitment(stages, known, store, lam, gamma, exp.shrinkage, exp.floors)
         chosen = next(r for r in selection if r["chosen"])
         choosers = card_commitment(stages[chosen["stage"]], cards, data, known, store, chosen["floor"],
                                    chosen["shrinkage_k"], lam, gamma)
         base = _row(name, ignoring, data, reference, lam, gamma)
         found = _with_cards(_row(name, choosers, data, reference, lam, gamma), choosers, base, set(held), data)
-        rows.append({"draw": draw, "new_models": ", ".join(held), "variant": name, "runs": len(dirs),
+        rows.append({"draw": draw, "new_models": ", ".join(held), "variant": name, "runs": len(stages["mc"]),
                      "chosen": f"{chosen['stage']}, {chosen['floor']}, k = {chosen['shrinkage_k']:g}",
                      "new_mse": float(np.mean([value_error(r.with_new_models(cards), new_test, gamma, store)
                                                for r in stages["mc"]])),
@@ -221,15 +219,16 @@ def new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, ref
         log(f"  draw {d + 1}/{plan.draws}: trained without {', '.join(held)}")
         known = data.without(held, draw_dir(workdir, d) / "corpus")
         dirs = train_runs(config, known, draw_dir(workdir, d), {TRAINED: {"loss.beta": 1.0}}, exp.seeds)[TRAINED]
-        own = {"td": load_routers(dirs, "td", store.encoder), "mc": load_routers(dirs, "mc", store.encoder)}
+        own = load_stages(dirs, store.encoder)
         ignoring, selection = validated_commitment(own, known, store, lam, gamma, exp.shrinkage, exp.floors)
         rows += new_model_rows(str(d + 1), held, data, known, own, next(r for r in selection if r["chosen"]), store,
                                config, reference, ignoring, validated)
         if ablated:  # one seed each (the first), beside the same seed's run reading every input
             log(f"  draw {d + 1}: card ablation ({', '.join(ablated)}), seed {exp.seeds[0]}")
             runs = train_runs(config, known, draw_dir(workdir, d), ablated, exp.seeds[:1])
-            ablation += card_ablation_rows(str(d + 1), held, data, known, {EVERY_INPUT: dirs[:1], **runs}, store,
-                                           config, reference)
+            variants = {EVERY_INPUT: {stage: routers[:1] for stage, routers in own.items()},
+                        **{name: load_stages(run, store.encoder) for name, run in runs.items()}}
+            ablation += card_ablation_rows(str(d + 1), held, data, known, variants, store, config, reference)
     if plan.draws > 1:
         rows += mean_rows(rows)
         ablation += mean_rows(ablation, key="variant")

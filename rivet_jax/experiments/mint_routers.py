@@ -15,12 +15,12 @@ from rivet_jax.experiments.common import train_variants
 from rivet_jax.experiments.mint_data import MintData, committed, shrunk, task_centres, task_floors
 from rivet_jax.router import Router
 
-__all__ = ["train_runs", "load_routers", "first_state_scores", "argmax_choice", "router_choice", "validated_commitment",
-           "value_error"]
+__all__ = ["train_runs", "load_routers", "load_stages", "first_state_scores", "argmax_choice", "router_choice",
+           "validated_commitment", "value_error"]
 
 
 def train_runs(config, data: MintData, workdir: Path, variants: dict[str, dict], seeds: Sequence[int]
-           ) -> dict[str, list[Path]]:
+               ) -> dict[str, list[Path]]:
     """Offline (MC + TD) runs of every variant (name -> config overrides) at every seed on the training split, as
     one run group (one compiled program per stage, rivet_jax/engine.py); each variant's directories."""
     return train_variants(config, data.train_path, data.cards_path, workdir,
@@ -31,6 +31,11 @@ def load_routers(run_dirs: Sequence[Path], stage: str = "td", encoder: Encoder |
     """The runs' routers at `stage`; `encoder` (the one they were trained with, checked) is shared instead of each
     loading its own copy of the weights."""
     return [Router.from_checkpoint(d, stage=stage, encoder=encoder) for d in run_dirs]
+
+
+def load_stages(run_dirs: Sequence[Path], encoder: Encoder | None = None) -> dict[str, list[Router]]:
+    """The runs' routers at both offline stages, the candidates of `validated_commitment`: {"td": ..., "mc": ...}."""
+    return {stage: load_routers(run_dirs, stage, encoder) for stage in ("td", "mc")}
 
 
 def first_state_scores(router: Router, data: MintData, store: EmbeddingStore, split: str) -> np.ndarray:
