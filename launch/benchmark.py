@@ -5,7 +5,7 @@ the full offline training's wall time, routing latency, encoders and scaling cur
 
 Prints a table and writes the numbers as JSON (and the scaling curves as <output>_scaling.png). With --serve,
 only the routing proxy's overhead per request (launch.serve), at 1 and 16 concurrent clients (rivet_jax/bench/serve.py
-says which scenarios), with the hashing encoder and MiniLM (needs the serve extra):
+says which scenarios), with the hashing encoder and MiniLM:
 
   python -m launch.benchmark --serve --output=/tmp/rivet_serve_bench.json
 """

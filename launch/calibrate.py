@@ -6,7 +6,7 @@ r"""Picks lambda for a budget: the most successful router whose cost per episode
 
 Trains (or reuses) a router at every `config.calibrate.lambdas`, measures (RouteSim) or estimates off-policy (one's
 own logs, on the held-out validation tasks) its success and cost per episode with 95% intervals, and writes
-<workdir>/calibration.{md,json,png}; see rivet_jax/experiments/calibrate.py.
+<workdir>/calibration.{md,json,png}; see rivet_jax/calibrate.py.
 """
 
 from pathlib import Path
@@ -15,7 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch.common import enable_compilation_cache, run_app, run_reporting_user_errors
-from rivet_jax.experiments import calibrate
+from rivet_jax import calibrate
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "Config file (configs/<name>.py[:variant]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the runs and the calibration report.")

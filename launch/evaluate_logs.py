@@ -19,7 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch.common import run_app, run_reporting_user_errors
-from rivet_jax.experiments import offpolicy, ope_validation
+from rivet_jax import offpolicy
 from rivet_jax.verdict import VERDICT_MD
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config (--validate_routesim).")
@@ -47,6 +47,8 @@ flags.register_multi_flags_validator(
 def main(argv):
     del argv
     if _VALIDATE.value:
+        from rivet_jax.experiments import ope_validation  # deferred: the paper's check, not the product command
+
         run_reporting_user_errors(lambda: ope_validation.validate_routesim(_CONFIG.value, _WORKDIR.value),
                                   _CONFIG.value)
         print((Path(_WORKDIR.value) / "ope_validation.md").read_text(encoding="utf-8"))

@@ -4,8 +4,7 @@ r"""Serves a trained router as an OpenAI-compatible proxy that routes every turn
 
 Point an agent's OpenAI client at http://HOST:PORT/v1 (any model name); close each episode with
 POST /v1/episodes/<session>/outcome {"outcome": y}. The recorded <logdir>/episodes.jsonl trains as it is:
-python -m launch.train --config.data.episodes=<logdir>/episodes.jsonl --config.data.cards=... (README, "Serve").
-Needs the serve extra: pip install "rivet-jax[serve]" (or requirements.txt in a clone).
+python -m launch.train --config.data.episodes=<logdir>/episodes.jsonl --config.data.cards=... (docs/serve.md).
 """
 
 import os
@@ -25,7 +24,7 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    from rivet_jax.serve.app import Proxy, serve  # the serve extra: imported here, so that --help works without it
+    from rivet_jax.serve.app import Proxy, serve  # deferred: --help need not load the web stack
     from rivet_jax.serve.recorder import Recorder
     from rivet_jax.serve.upstream import backends_from_config
 
@@ -37,7 +36,7 @@ def main(argv):
                               f"it to the token clients must send")
         if not config.auth_token_env and config.host not in ("127.0.0.1", "localhost", "::1"):
             logging.warning("serving on %s without a token: anyone who reaches it spends the upstream keys; set "
-                            "config.auth_token_env (README, Serve)", config.host)
+                            "config.auth_token_env (docs/serve.md)", config.host)
         router = Router.from_checkpoint(_WORKDIR.value, stage=config.router_stage or None)
         given = config.backends.to_dict() if hasattr(config.backends, "to_dict") else config.backends
         backends = backends_from_config(given, router.pool)  # a ConfigError: one line

@@ -6,7 +6,7 @@ ends with the validated choice of what to deploy and its verdict on the test tas
 
 A killed run started again with the same command resumes from its last checkpoint. Data parallel over every
 device of a host: --config.devices=0. Over several hosts: the same command on every host with --multihost (each
-host embeds and reads its own slice of the replay; see README, "Running on TPU and GPU").
+host embeds and reads its own slice of the replay; see docs/scale.md).
 """
 
 from absl import flags, logging

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import sharding
+from rivet_jax import encoders, sharding
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.files import episode_paths
@@ -133,7 +133,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
                           max_tokens=config.max_state_tokens, lam=config.reward.lam, gamma=config.reward.gamma,
                           c_ref=c_ref)
     started = time.perf_counter()
-    cache_dir = Path(config.data.embedding_cache or workdir / "embeddings")
+    cache_dir = encoders.cache_dir(config, workdir)
     host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see engine.make_host_fed_group_epoch
     if host_fed:
         embeddings, how = host_embeddings(config, encoder, cache_dir, replay), "host-fed table"

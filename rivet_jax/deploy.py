@@ -1,6 +1,6 @@
 """The validated choice: what a training workdir deploys, chosen on its held-out validation tasks.
 
-A trained router can be worse than always calling one model and say nothing (README, "Your own agent"). So
+A trained router can be worse than always calling one model and say nothing (docs/own-logs.md). So
 training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every candidate it could deploy:
 
   each run's stage checkpoints     MC, TD (its last epoch and the kept earlier ones, `config.deploy.keep_td_every`),
@@ -44,6 +44,7 @@ import numpy as np
 from rivet_jax import evaluation, ope
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.profile import LogsProfile
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import EmbeddingStore
@@ -166,11 +167,11 @@ class Estimates:
 
     def interval(self, p: int, channel: int, level: float = 0.95) -> tuple[float, float]:
         """The percentile interval of policy p's channel (nan, nan where it was not resampled)."""
-        return _percentiles(self.draws[:, p, channel], level)
+        return percentiles(self.draws[:, p, channel], level)
 
     def difference(self, p: int, q: int, channel: int = J, level: float = 0.95) -> tuple[float, float, float]:
         """Policy p minus policy q: the estimate and its paired interval."""
-        low, high = _percentiles(self.draws[:, p, channel] - self.draws[:, q, channel], level)
+        low, high = percentiles(self.draws[:, p, channel] - self.draws[:, q, channel], level)
         return float(self.point[p, channel] - self.point[q, channel]), low, high
 
     def row(self, p: int) -> dict:
@@ -181,7 +182,8 @@ class Estimates:
         return out
 
 
-def _percentiles(draws: np.ndarray, level: float) -> tuple[float, float]:
+def percentiles(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap draws (nan, nan where none was drawn)."""
     if np.isnan(draws).all():
         return math.nan, math.nan
     tail = 100 * (1 - level) / 2
@@ -353,9 +355,17 @@ def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:
     return np.array([best_fixed.returns.get(m, lowest) for m in pool.names])
 
 
-def write_deployment(workdir: Path, chosen: dict, estimates: Estimates, rows: list[dict], extra: dict) -> None:
-    document = {"deploy": chosen, "estimator": estimates.estimator, "note": estimates.note, "tasks": estimates.tasks,
-                "candidates": rows, **extra}
+def commits(profile: LogsProfile, simulated: bool) -> bool:
+    """Whether the deployed router commits (keeps the first turn's model): on A/B logs (one model per episode),
+    which show what committing gives and nothing of switching, unless an environment can roll switching out.
+    Every command that deploys (training's choice, calibrate) asks this."""
+    return not simulated and profile.ab_logs
+
+
+def write_deployment(workdir: Path, deployed: dict, fields: dict) -> None:
+    """<workdir>/deploy.json, the one writer: `deployed` (a `Candidate.spec`: what `Router.from_checkpoint(workdir)`
+    loads) and `fields` (how it was chosen: estimates, candidates, settings; the command that chose)."""
+    document = {"deploy": deployed, **fields}
     atomic_write_text(workdir / DEPLOY_FILE, json.dumps(document, indent=1, allow_nan=True) + "\n")
 
 

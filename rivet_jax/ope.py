@@ -49,7 +49,7 @@ of the router's own state text (`serialize_state`), the intercept unpenalised, t
 episodes and then weakened tenfold (`choose_ridge` says why). Why linear and not the RIVET network with a TD loss:
 each round is one closed-form solve per model, deterministic (no seed, learning rate or stopping rule to tune
 against the truth), fits every channel and every target policy at once, and so can be refitted on every bootstrap
-resample. Its error is what the class cannot represent: on RouteSim (`experiments/ope_validation.py`, README) it was
+resample. Its error is what the class cannot represent: on RouteSim (`experiments/ope_validation.py`, docs/offpolicy.md) it was
 the most accurate estimator on held-out logs, and optimistic for a router on the logs that router was trained on.
 Evaluate on held-out logs.
 """
@@ -297,7 +297,7 @@ def choose_ridge(logs: Logs, features: np.ndarray, targets: np.ndarray, iteratio
     divided by `UNDERSMOOTH`. A fixed penalty is wrong somewhere (1e-2 suits 10^4 logged turns and overfits 300).
     The division: the penalty that best predicts single transitions (whose success rewards are coin flips) is too
     strong for what FQE reports, a mean of V over first states, where a weaker penalty's variance averages out and its
-    smaller shrinkage does not; on RouteSim (README) the validated penalty was 0.1 on its 987 held-out episodes and 1
+    smaller shrinkage does not; on RouteSim (docs/offpolicy.md) the validated penalty was 0.1 on its 987 held-out episodes and 1
     on 280, and a tenth of it gave the smaller errors against the exact values (mean absolute error of J over six
     policies 0.023 against 0.036 on the 987; 0.033 against 0.042 over seven on the 280). Returns the penalty and every
     candidate's error."""

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable
 
 import jax
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -31,8 +30,9 @@ from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile, profile_logs
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
-from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
 from rivet_jax.envs.base import Env, RouterPolicy
+from rivet_jax.settings import with_overrides
 from rivet_jax.stage_run import stored_c_ref
 from rivet_jax.workdir_lock import hold_workdir
 from rivet_jax.verdict import MIN_TASKS, VERDICT_MD, judge_by_rollouts, judge_on_logs, write_verdict
@@ -51,13 +51,6 @@ def logged_splits(config, workdir: Path) -> dict[str, list[Episode]]:
         return {"train": episodes, "validation": [], "test": []}
     saved = json.loads(manifest.read_text(encoding="utf-8"))
     return {name: episodes_of(episodes, saved[name]) for name in SPLITS}
-
-
-def overridden(config, overrides: dict) -> ml_collections.ConfigDict:
-    """A copy of `config` (the launcher's is locked) with dotted keys set."""
-    copy = ml_collections.ConfigDict(config.to_dict())
-    copy.update_from_flattened_dict(overrides)
-    return copy
 
 
 def setting_name(alpha: float, cql_on: str) -> str:
@@ -106,8 +99,8 @@ def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, 
     validated = config.deploy.enabled and (env is not None or bool(splits["validation"]))
     settings = conservatism(config, profile) if validated else {}
     runs = {name: "." if i == 0 else f"candidates/{name}" for i, name in enumerate(settings)} or {"": "."}
-    cache = config.data.embedding_cache or str(workdir / "embeddings")
-    configs = [config] + [overridden(config, {**overrides, "data.embedding_cache": cache})
+    cache = str(cache_dir(config, workdir))
+    configs = [config] + [with_overrides(config, {**overrides, "data.embedding_cache": cache})
                           for overrides in list(settings.values())[1:]]
     log(f"training {len(configs)} run(s): {', '.join(settings) or 'the config as given'}")
     hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
@@ -139,7 +132,7 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
                      log: Callable[[str], None]) -> dict:
     pool, dc = prepared.pool, config.deploy
     lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), prepared.c_ref
-    commit = env is None and profile.ab_logs
+    commit = deploy.commits(profile, env is not None)
     floor = deploy.fixed_floor(splits["train"], pool, lam, gamma, c_ref)
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
@@ -154,7 +147,7 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
         logging.warning("only %d validation tasks: a router is deployed only if its gain over the best fixed model "
                         "shows with an interval above 0, which few tasks rarely allow; hold out more "
                         "(config.data.holdout.validation)", tasks)
-    store = EmbeddingStore(prepared.encoder, config.data.embedding_cache or workdir / "embeddings")
+    store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
         estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, lam, gamma,
@@ -167,7 +160,8 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     table = deploy.candidate_rows(estimates)
     spec = chosen.spec(scorer.recentring(chosen), pool.names, commit)
     fixed_model = pool.names[int(np.argmax(floor))]
-    deploy.write_deployment(workdir, spec, estimates, table, {
+    deploy.write_deployment(workdir, spec, {
+        "estimator": estimates.estimator, "note": estimates.note, "tasks": estimates.tasks, "candidates": table,
         "lambda": lam, "gamma": gamma, "c_ref": c_ref, "best_fixed_model": fixed_model,
         "require_gain": bool(dc.require_gain), "runs": runs})
     atomic_write_text(workdir / deploy.SELECTION_FILE, deploy.selection_table(

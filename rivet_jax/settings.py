@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, NamedTuple
 
+import ml_collections
+
 from rivet_jax.data.cards import CARD_INPUTS, valid_card_inputs
 
 RUN, EPOCHS, ONLINE, FREE = "run", "epochs", "online", "free"
@@ -211,6 +213,13 @@ def resume_kind(key: str) -> str:
     """RUN, EPOCHS, ONLINE or FREE for a dotted key: declared, else its section's kind."""
     setting = SETTINGS.get(key)
     return setting.resume if setting is not None else SECTIONS.get(key.split(".")[0], FREE)
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` (a launcher's is locked) with dotted keys set: {"loss.beta": 0.0, "reward.lam": 0.1}."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.update_from_flattened_dict(overrides)
+    return config
 
 
 PER_RUN = frozenset(key for key, setting in SETTINGS.items() if setting.per_run)

@@ -14,7 +14,7 @@ from absl import logging as absl_logging
 
 from configs import default
 from rivet_jax import train
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 

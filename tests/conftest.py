@@ -3,7 +3,7 @@
 The full suite runs in parallel (pytest-xdist, `-n auto --dist loadfile` in pytest.ini: every file on one worker,
 so its module fixtures are built once). The longest files, then the others holding a slow test, are handed out
 first, so no long one starts last and leaves one worker running alone. `pytest -m "not slow"` is the
-inner-loop subset (README).
+inner-loop subset (docs/testing.md).
 
 The tiny configs compile the same programs in many tests and in the launchers' subprocesses: one JAX persistent
 compilation cache per session (a fresh temporary directory, shared by the workers and every subprocess through the
@@ -46,8 +46,7 @@ import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import train
-from rivet_jax.experiments import routesim
+from rivet_jax import runs, train
 from tests.common import tiny_config
 
 
@@ -93,8 +92,8 @@ def routesim_tiny_run(tmp_path_factory) -> tuple:
     trained offline on it into `workdir / "train"` (what `launch.evaluate` does). Read it; copy before changing."""
     workdir = tmp_path_factory.mktemp("routesim_tiny")
     config = routesim_config.get_config("tiny")
-    corpus = routesim.collect(config, workdir)
-    train.train(routesim.training_config(config, corpus), workdir / "train")
+    corpus = runs.collected_corpus(config, workdir)
+    train.train(runs.training_config(config, corpus), workdir / "train")
     return config, workdir, corpus
 
 

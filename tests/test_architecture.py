@@ -58,6 +58,8 @@ def dependencies(name: str) -> set[str]:
     for module, member, _ in imported(MODULES[name]):
         if member is not None and f"{module}.{member}" in MODULES:
             deps.add(f"{module}.{member}")
+            if module == "rivet_jax":  # the root's own imports are lazy (its __getattr__): `from rivet_jax import
+                continue               # deploy` runs no module but deploy
         deps.add(module)
     return deps - {name}
 
@@ -187,3 +189,44 @@ def test_the_package_root_holds_only_the_method():
     """Experiments and benchmarks live in their own subpackages, not beside the method's modules."""
     root = {p.stem for p in PACKAGE.glob("*.py")}
     assert not root & {"experiments", "mint_experiment", "pipelines", "benchmark", "torch_reference"}, root
+
+
+PRODUCT = sorted(name for name in MODULES if not name.startswith(("rivet_jax.experiments", "rivet_jax.bench")))
+
+
+def closure(names, seen: set[str] | None = None) -> set[str]:
+    """Every module importing `names` can run (function-level imports included)."""
+    seen = set() if seen is None else seen
+    for name in names:
+        for dep in dependencies(name) & set(MODULES):
+            if dep not in seen:
+                seen.add(dep)
+                closure([dep], seen)
+    return seen
+
+
+def test_the_product_never_imports_the_paper_experiments():
+    """Data, encoders, networks, losses, training, deploy, OPE, calibrate, router, serve and the baselines run
+    without `rivet_jax.experiments` (the paper's tables and figures)."""
+    reached = {m for m in closure(PRODUCT) if m.startswith("rivet_jax.experiments")}
+    assert not reached, sorted(reached)
+
+
+def third_party_imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(top-level package, line, at module level) of every import in the file."""
+    tree, found = ast.parse(path.read_text(encoding="utf-8")), []
+    top = {id(node) for node in tree.body}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name.split(".")[0], node.lineno, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module.split(".")[0], node.lineno, id(node) in top))
+    return found
+
+
+def test_matplotlib_is_an_extra_of_the_product():
+    """Plots are optional for the product: only `rivet_jax.plots` imports matplotlib, and only inside a function."""
+    offences = [f"{MODULES[name].relative_to(REPO)}:{line}" for name in PRODUCT
+                for package, line, module_level in third_party_imports(MODULES[name])
+                if package == "matplotlib" and (name != "rivet_jax.plots" or module_level)]
+    assert not offences, offences

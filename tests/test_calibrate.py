@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.experiments.calibrate import best_checkpoints, bootstrap_mean, choose, episode_summary, pareto
+from rivet_jax import deploy
+from rivet_jax.calibrate import best_checkpoints, choose, episode_summary, pareto
 from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,10 +40,16 @@ def test_each_lambda_keeps_its_stage_with_the_best_validation_return():
     assert best_checkpoints(rows[:3]) == [False, True, True]
 
 
-def test_bootstrap_interval_over_tasks():
-    assert bootstrap_mean(np.full(5, 0.3), 100, 0) == pytest.approx((0.3, 0.3, 0.3))
-    mean, low, high = bootstrap_mean(np.array([0.0, 1.0, 0.0, 1.0]), 2000, 0)
-    assert mean == 0.5 and 0.0 <= low < 0.5 < high <= 1.0
+def test_the_one_task_bootstrap_resamples_tasks():
+    """deploy.task_bootstrap (what calibrate, training's choice and the verdicts read): resample b's mean is the mean
+    of the tasks drawn with replacement by the seeded generator, for every policy and channel alike."""
+    per_task = np.array([[[0.0], [1.0], [0.0], [1.0]], [[0.3], [0.3], [0.3], [0.3]]])           # (P=2, T=4, C=1)
+    draws = deploy.task_bootstrap(per_task, 2000, 0)                                          # (B, P, C)
+    drawn = np.random.default_rng(0).integers(4, size=(2000, 4))                               # the tasks drawn
+    np.testing.assert_allclose(draws[:, 0, 0], per_task[0, drawn, 0].mean(axis=1), atol=1e-12)
+    np.testing.assert_allclose(draws[:, 1, 0], 0.3, atol=1e-12)  # a constant has no spread
+    low, high = deploy.percentiles(draws[:, 0, 0])
+    assert 0.0 <= low < 0.5 < high <= 1.0
 
 
 def test_episode_summary_averages_rollouts_within_a_task_first():
@@ -111,10 +118,12 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
                              f"--config.data.episodes={tmp_path / 'logs' / 'episodes.jsonl'}",
                              f"--config.data.cards={tmp_path / 'logs' / 'model_cards.json'}",
                              "--config.data.holdout.validation=0.3", "--config.data.holdout.test=0.2",
-                             "--config.calibrate.resamples=50"],
+                             "--config.calibrate.resamples=50", f"--config.data.embedding_cache={tmp_path / 'cache'}"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads((tmp_path / "w" / "calibration.json").read_text())
+    # every vector (training, the estimates, the verdict) from the configured cache: none embedded a second time
+    assert any((tmp_path / "cache").iterdir()) and not (tmp_path / "w" / "embeddings").exists()
     # fitted-Q evaluation on the held-out validation tasks
     assert not out["simulated"] and all(r["estimator"] == "FQE" for r in out["rows"])
     kept = [r for r in out["rows"] if r["kept"]]
@@ -133,8 +142,8 @@ CALIBRATE_SCRIPT = textwrap.dedent("""
     import jax
     import numpy as np
     from configs import routesim
-    from rivet_jax.experiments import calibrate
-    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax import calibrate
+    from rivet_jax.settings import with_overrides
 """) + RECORD_LAYOUTS + textwrap.dedent("""
     # launch.calibrate's run (a router per lambda: 2 runs, one group, measured on validation) on 8 devices; the
     # launcher's own run (1 device) is the reference.
@@ -157,3 +166,30 @@ CALIBRATE_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_calibration_on_eight_devices_matches_one(routesim_calibration, tmp_path):
     run_on_eight_devices(CALIBRATE_SCRIPT, tmp_path, routesim_calibration)
+
+
+@pytest.mark.slow
+def test_calibration_on_ab_logs_deploys_a_committed_router_as_training_does(tmp_path):
+    """A/B logs (one model per episode: the demo corpus without its random router) show nothing of switching, so
+    calibrate deploys a router that keeps its first choice, by the same rule (`deploy.commits`) as training's."""
+    from rivet_jax import calibrate
+    from rivet_jax.data.schema import read_episodes, read_model_cards, write_episodes
+    from rivet_jax.envs import collect
+    from rivet_jax.router import Router
+    from rivet_jax.settings import with_overrides
+    from configs import default
+
+    collect.write_demo_corpus(tmp_path / "logs", 20, 0)
+    pool = read_model_cards(tmp_path / "logs" / "model_cards.json")
+    episodes = read_episodes(tmp_path / "logs" / "episodes.jsonl", pool).episodes
+    write_episodes(tmp_path / "ab.jsonl", [e for e in episodes if len({t.model for t in e.turns}) == 1
+                                          and not e.episode_id.startswith("random")])
+    config = with_overrides(default.get_config("tiny"), {
+        "data.episodes": str(tmp_path / "ab.jsonl"), "data.cards": str(tmp_path / "logs" / "model_cards.json"),
+        "data.holdout.validation": 0.3, "data.holdout.test": 0.0, "calibrate.resamples": 20,
+        "calibrate.stage": "mc"})
+    result = calibrate.calibrate(config, tmp_path / "w", 0.004)
+    deployed = json.loads((tmp_path / "w" / "deploy.json").read_text())
+    assert deployed["source"] == "launch.calibrate" and deployed["deploy"]["commit"] is True
+    assert deployed["chosen"]["lambda"] == result["chosen"]["lambda"]
+    assert Router.from_checkpoint(tmp_path / "w").commit

@@ -5,7 +5,7 @@ import pytest
 from configs import default, mint, routesim
 from rivet_jax import config_checks, run_identity, settings, train
 from rivet_jax.config_checks import ConfigError, check_config, config_problems
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 from rivet_jax.run_identity import flatten
 from tests.common import REPO, run_launcher
 

@@ -422,10 +422,10 @@ def test_launcher_converts_and_reports_bad_input_in_one_line(tmp_path):
     assert not (tmp_path / "x.jsonl").exists()
 
 
-def test_the_readme_worked_example_converts_as_the_readme_says(tmp_path):
-    """README, 'Your own agent', step 1: its OpenAI log line becomes the episode the text describes."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Your own agent"):]
+def test_the_worked_example_converts_as_the_docs_say(tmp_path):
+    """docs/own-logs.md, step 1: its OpenAI log line becomes the episode the text describes."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-logs.md").read_text(encoding="utf-8")
+    section = page[page.index("# Your own agent"):]
     block = section[section.index("```json") + len("```json"):]
     record = json.loads(block[:block.index("```")])
     path = tmp_path / "chats.jsonl"

@@ -6,12 +6,14 @@ import json
 import numpy as np
 import pytest
 
+import rivet_jax
+
 from configs import default
 from rivet_jax import deploy, ope
 from rivet_jax.data.model_pool import write_model_cards
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 from rivet_jax.pipeline import conservatism, fit
 from rivet_jax.router import Recentring, Router, keep_previous
 from rivet_jax.verdict import Routing, identical_fixed, routing_of, verdict, warnings_of
@@ -178,7 +180,8 @@ def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(t
         "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json"),
         "data.holdout.validation": 0.25, "data.holdout.test": 0.25, "deploy.resamples": 50})
     workdir = tmp_path / "W"
-    result = fit(config, workdir)
+    result = rivet_jax.fit(config, workdir)  # the package's own surface: fit, then Router
+    assert rivet_jax.fit is fit and rivet_jax.Router is Router
     document = json.loads((workdir / "deploy.json").read_text())
     assert document["deploy"]["name"] == deploy.BEST_FIXED and document["best_fixed_model"] == "ace"
     assert document["estimator"] == "committed" and document["deploy"]["commit"] is True

@@ -97,7 +97,7 @@ def test_cql_on_stochastic_choices_only_averages_over_those_transitions():
     "all" is Eq. 10 on every row. Checked against `cql` per row on the network's own Q_route."""
     from configs import default
     from rivet_jax.data.replay import Batch
-    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax.settings import with_overrides
     from rivet_jax.networks import RivetNet, init_params, make_network
 
     b, m, d, f = 4, 3, 16, 2

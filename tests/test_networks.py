@@ -134,7 +134,7 @@ def test_a_dropped_card_input_changes_nothing_and_the_others_still_count(setup, 
 
 def test_the_card_inputs_setting_is_checked():
     from rivet_jax.config_checks import check_config
-    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax.settings import with_overrides
 
     with pytest.raises(ValueError, match="model.card_inputs"):
         check_config(with_overrides(default.get_config("tiny"), {"model.card_inputs": ("size",)}))

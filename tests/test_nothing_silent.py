@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from rivet_jax import checkpointing, corpus, engine, run_identity, stage_run, train
-from rivet_jax.experiments.common import check_same_config
+from rivet_jax.runs import check_same_config
 from rivet_jax.networks import rve_params
 from rivet_jax.router import Router
 from rivet_jax.workdir_lock import WorkdirBusyError, hold_workdir

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, corpus, online, stage_run, train
+from rivet_jax import checkpointing, corpus, online, runs, stage_run, train
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 from rivet_jax.router import Router
 
 
@@ -21,8 +20,8 @@ class SimulatedKill(Exception):
 
 def tiny(workdir):
     config = routesim_config.get_config("tiny")
-    corpus = routesim.collect(config, workdir)
-    config = routesim.training_config(config, corpus)
+    corpus = runs.collected_corpus(config, workdir)
+    config = runs.training_config(config, corpus)
     config.stage = "offline"
     return config
 

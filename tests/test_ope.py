@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import evaluation, ope
+from rivet_jax import evaluation, offpolicy, ope
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs import collect
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import offpolicy, ope_validation
+from rivet_jax.experiments import ope_validation
 from tests.common import REPO, run_launcher
 POOL = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
 

@@ -45,7 +45,7 @@ def test_collect_then_evaluate_on_tiny_routesim(tmp_path):
 
 
 def test_progress_logs_rate_limited_lines_with_an_eta():
-    from rivet_jax.experiments.common import Progress
+    from rivet_jax.progress import Progress
 
     now, lines = [0.0], []
     progress = Progress("runs", total=5, every_s=20.0, clock=lambda: now[0], log=lambda fmt, *a: lines.append(fmt % a))

@@ -8,7 +8,8 @@ import pytest
 from matplotlib.colors import to_rgba
 
 from rivet_jax.experiments import report, routesim_report
-from rivet_jax.experiments.common import MAIN, ONE_RUN
+from rivet_jax.experiments.common import ONE_RUN
+from rivet_jax.runs import MAIN
 
 MODELS = ["a-pro", "b-mini", "c-9b"]
 FIXED = [f"fixed:{m}" for m in MODELS]

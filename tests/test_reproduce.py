@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rivet_jax.experiments.common import MAIN, ONE_RUN, pessimistic
+from rivet_jax.experiments.common import ONE_RUN, pessimistic
+from rivet_jax.runs import MAIN
 from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,14 +188,15 @@ GROUP_SCRIPT = textwrap.dedent("""
     from configs import routesim
     from rivet_jax import checkpointing, online
     from rivet_jax.experiments import routesim as experiment, selection
-    from rivet_jax.experiments.common import run_dir, train_variants, with_overrides
+    from rivet_jax.runs import corpus_files, run_dir, train_variants
+    from rivet_jax.settings import with_overrides
 """) + RECORD_LAYOUTS + textwrap.dedent("""
     # The tiny reproduction's first groups (its conservatism grid x seeds) on 8 devices, on the reproduction's
     # corpus; the reproduction's own runs (1 device) are the reference. Every run's offline stages, and the first
     # setting's online stage too (data parallel on the 8 devices; the others' would repeat it).
     workdir, reference = sys.argv[1], Path(sys.argv[2])
     config = routesim.get_config("tiny")
-    episodes, cards = experiment.corpus_files(reference / "corpus")
+    episodes, cards = corpus_files(reference / "corpus")
     settings = selection.grid(config)
     variants = {selection.variant(s): (selection.overrides(s), "all" if k == 0 else "offline")
                 for k, s in enumerate(settings)}

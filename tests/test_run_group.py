@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, corpus, engine, learner, online, train
-from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax import checkpointing, corpus, engine, learner, online, runs, train
+from rivet_jax.settings import with_overrides
 from rivet_jax.networks import make_network
 from rivet_jax.settings import LossWeights, Optim
 
@@ -39,7 +38,7 @@ def records(workdir):
 def group_and_solo(tmp_path_factory):
     root = tmp_path_factory.mktemp("group")
     base = routesim_config.get_config("tiny")
-    base = routesim.training_config(base, routesim.collect(base, root))
+    base = runs.training_config(base, runs.collected_corpus(base, root))
     configs = [with_overrides(base, {"stage": "all", "data.embedding_cache": str(root / "embeddings"), **v})
                for v in VARIANTS]
     compiled = []

@@ -6,7 +6,9 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax.experiments import selection
-from rivet_jax.experiments.common import MAIN, ONE_RUN, with_overrides
+from rivet_jax.experiments.common import ONE_RUN
+from rivet_jax.runs import MAIN
+from rivet_jax.settings import with_overrides
 
 
 def test_grid_always_holds_alpha_zero_and_the_configured_setting():

@@ -27,7 +27,7 @@ from rivet_jax.data.schema import write_episodes, write_model_cards
 from rivet_jax.encoders import EmbeddingStore, HashingEncoder
 from rivet_jax.encoders.table import host_table
 from rivet_jax.envs.collect import demo_corpus
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 from rivet_jax.networks import make_network
 from rivet_jax.settings import LossWeights, Optim, UpdateRule
 from tests.common import RECORD_LAYOUTS, cpu_env, run_on_eight_devices
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from configs import default
     from rivet_jax import train
-    from rivet_jax.experiments.common import with_overrides
+    from rivet_jax.settings import with_overrides
     from rivet_jax.router import Router
 """) + RECORD_LAYOUTS + textwrap.dedent("""
     assert len(jax.devices()) == 8, jax.devices()

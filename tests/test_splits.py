@@ -9,7 +9,7 @@ from rivet_jax.config_checks import ConfigError, config_problems
 from rivet_jax.corpus import prepare_data
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax.data.splits import MANIFEST, hashed_split, manifest_for, split_tasks
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 
 
 def _episode(task_id: str, family: str | None, model: str = "m") -> Episode:

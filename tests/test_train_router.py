@@ -16,7 +16,7 @@ from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.collect import demo_corpus
-from rivet_jax.experiments.common import with_overrides
+from rivet_jax.settings import with_overrides
 from rivet_jax.networks import RivetNet, make_network
 from rivet_jax.router import Router
 from tests.common import REPO, SimulatedKill, run_launcher, run_stage, tiny_config

@@ -407,10 +407,7 @@ def _prefix_reuse(mint_dir: str, fixture_dir: str) -> dict:
     missing = [d for d in (mint_dir, fixture_dir) if not Path(d).is_dir()]
     if missing:
         return {"skipped": f"not found: {', '.join(missing)}"}
-    try:
-        return prefix_reuse_report(mint_dir, fixture_dir)
-    except ImportError as error:  # the MINT token counter's package is a test-time extra (README)
-        return {"skipped": str(error)}
+    return prefix_reuse_report(mint_dir, fixture_dir)
 
 
 def format_table(result: dict) -> str:

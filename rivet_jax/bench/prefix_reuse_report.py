@@ -203,8 +203,6 @@ def prefix_reuse_report(
     over the corpus, tokenized with the Qwen pre-token stand-in and its ids mapped into the tiny vocabulary (id 1
     the end token, 0 and 1 never inside a text).
     """
-    from transformers import AutoTokenizer
-
     from rivet_jax.data.converters.mint import convert_mint, default_token_counter
     from rivet_jax.data.schema import read_model_cards
 
@@ -214,9 +212,7 @@ def prefix_reuse_report(
     corpus = convert_mint(mint_dir, read_model_cards(mint_dir / "model_cards.json"), counter)
     states = _state_texts(corpus.episodes, count_tokens, max_tokens)
     distinct = list(dict.fromkeys(text for episode in states for text in episode))
-    tokenizer = AutoTokenizer.from_pretrained(counter.model_dir, local_files_only=True)
-    wordpiece = tokenizer([text.strip() for text in distinct], add_special_tokens=False, truncation=False,
-                          verbose=False, return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    wordpiece = counter.token_ids([text.strip() for text in distinct])
     end_id = -1  # an id no text contains; its value changes no count
     stand_ins = {"wordpiece": wordpiece, "qwen_pretokens": qwen_pretoken_ids(distinct)}
     corpus_counts = {}

@@ -7,7 +7,7 @@ A router learns "which model, at which state" from differences between logged ch
                         so a router trained on them can choose a model per task but its later turns are guesses.
   stochastic_share      decisions whose logged propensity is below 1 (the logger drew among several models). Only
                         those show the alternatives at the same state; CQL (Eq. 10) at a deterministic logged
-                        choice pushes toward "call whoever wrote the history" (README, "Your own agent").
+                        choice pushes toward "call whoever wrote the history" (docs/own-logs.md).
   tasks_per_model       on how many distinct tasks each model was logged: a model seen on few tasks is a guess
                         elsewhere; tasks with every model logged allow exact committed evaluation.
 """

@@ -9,13 +9,28 @@ stays cheap.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rivet_jax.encoders.base import Encoder
 from rivet_jax.encoders.hashing import HashingEncoder
 from rivet_jax.encoders.store import EmbeddingStore
 
-__all__ = ["ENCODER_BUILDERS", "EmbeddingStore", "Encoder", "HashingEncoder", "make_encoder"]
+__all__ = ["ENCODER_BUILDERS", "EmbeddingStore", "Encoder", "HashingEncoder", "cache_dir", "embedding_store",
+           "make_encoder"]
+
+CACHE_DIR = "embeddings"
+
+
+def cache_dir(config: Any, workdir: str | Path) -> Path:
+    """Where a workdir's embeddings are cached: `config.data.embedding_cache`, else <workdir>/embeddings. Every
+    command that embeds (training, deploy, evaluate_logs, calibrate, the experiments) reads and fills this one."""
+    return Path(config.data.embedding_cache or Path(workdir) / CACHE_DIR)
+
+
+def embedding_store(config: Any, encoder: Encoder, workdir: str | Path) -> EmbeddingStore:
+    """The encoder's vectors, cached where `cache_dir` says."""
+    return EmbeddingStore(encoder, cache_dir(config, workdir))
 
 
 def config_value(config: Any, key: str, default: Any = None) -> Any:

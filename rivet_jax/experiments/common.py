@@ -1,21 +1,8 @@
-"""What every experiment shares: config overrides, one run directory per (variant, seed), and the run groups.
-
-    <workdir>/runs/<slug(variant)>/seed_<s>/    one training run (its checkpoints, metrics.jsonl)
-    <workdir>/embeddings/                        the frozen-encoder cache every run of the experiment shares
-"""
+"""What the paper's experiments share beyond the run layout (`rivet_jax/runs.py`): the names of RIVET's rows and
+the seeds of an ensemble."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Sequence
-
-import ml_collections
-
-from rivet_jax import checkpointing, run_identity, train
-from rivet_jax.progress import Progress
-
-MAIN = "RIVET (ours)"  # the main variant's name in every table and figure
 ONE_RUN = "RIVET (ours, one run)"  # one run of it, where RIVET (ours) averages several (`reproduce.ensemble`)
 
 
@@ -28,59 +15,3 @@ def member_seeds(seed: int, members: int) -> list[int]:
     """The training seeds of one ensemble: the seed's own run, then seed + 1000, seed + 2000, ... (distinct across
     an experiment's seeds while those are less than 1000 apart)."""
     return [seed + 1000 * m for m in range(members)]
-
-
-def with_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted keys set: {"loss.beta": 0.0, "reward.lam": 0.1}."""
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.update_from_flattened_dict(overrides)
-    return config
-
-
-def slug(name: str) -> str:
-    """A variant's directory name: "w/o CQL" -> "no_cql", "zero response (beta=1)" -> "zero_response_beta1"."""
-    return (name.lower().replace("w/o ", "no_").replace(" ", "_").replace("=", "").replace("(", "")
-            .replace(")", ""))
-
-
-def run_config(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path, seed: int,
-               overrides: dict[str, Any], stage: str) -> ml_collections.ConfigDict:
-    """The training config of one run: the logs, the experiment's shared embedding cache, seed, stage, overrides."""
-    return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards),
-                                   "data.embedding_cache": str(workdir / "embeddings"), "seed": seed,
-                                   "stage": stage, **overrides})
-
-
-def run_dir(workdir: Path, variant: str, seed: int) -> Path:
-    return workdir / "runs" / slug(variant) / f"seed_{seed}"
-
-
-def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path,
-                   variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int]) -> dict[str, list[Path]]:
-    """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed, into
-    <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/train.py: the offline stages of all runs step
-    together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs."""
-    runs = [(name, seed) for name in variants for seed in seeds]
-    configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
-    dirs = [run_dir(workdir, name, seed) for name, seed in runs]
-    stages = [train.stages_of(c) for c in configs]
-    epochs = {"mc": config.mc_epochs, "td": config.td_epochs}
-    offline = Progress("offline training (run-epochs)", sum(epochs[s] for ss in stages for s in ss if s in epochs))
-    offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs[s])
-                       for d, ss in zip(dirs, stages) for s in ss
-                       if s in epochs and checkpointing.stage_dir(d, s).is_dir())
-    train.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
-    return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
-
-
-def check_same_config(path: Path, section: dict) -> None:
-    """Refuses to mix outputs of different configurations in one workdir: `section` (JSON values) is written to
-    `path` the first time and must equal it every later time; ConfigChangedError lists every difference."""
-    if path.exists():
-        changed = run_identity.differences(json.loads(path.read_text(encoding="utf-8")), section)
-        if changed:
-            raise checkpointing.ConfigChangedError(f"{path.parent} was made with another configuration ({path}: "
-                                                   f"{'; '.join(changed)}): use a new workdir, or those settings")
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(section, indent=2, sort_keys=True) + "\n", encoding="utf-8")

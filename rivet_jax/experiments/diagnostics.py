@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure
 
-from rivet_jax import checkpointing, evaluation
+from rivet_jax import checkpointing, evaluation, plots
 from rivet_jax.data.schema import Episode, Turn, read_episodes
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs.base import RouterPolicy
@@ -236,4 +236,4 @@ def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     right.set_ylabel("share of choices = the logged model")
     right.set_title("logged states", fontsize=9)
     fig.suptitle("Learned Q_route against the exact Q*")
-    return report.save_figure(fig, path)
+    return plots.save_figure(fig, path)

@@ -12,7 +12,7 @@ from rivet_jax.data.schema import Episode
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy
 from rivet_jax.envs.routesim import RouteSim
-from rivet_jax.experiments.common import Progress
+from rivet_jax.progress import Progress
 from rivet_jax.router import Router
 
 

@@ -40,10 +40,11 @@ import numpy as np
 from absl import logging
 from matplotlib.figure import Figure
 
+from rivet_jax import plots
 from rivet_jax.baselines.best_fixed import BEST_FIXED
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import KNNRouter
-from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.experiments import traces
 from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, choice_profile, committed,
                                              expected_random, family_choice, fixed_choice, fixed_ranking,
@@ -51,7 +52,7 @@ from rivet_jax.experiments.mint_data import (MintData, by_family, card_groups, c
 from rivet_jax.experiments.mint_new_models import NOTES as NEW_MODEL_NOTES, TABLES as NEW_MODEL_TABLES, new_models
 from rivet_jax.experiments.mint_routers import (load_routers, load_stages, router_choice, train_runs,
                                                 validated_commitment, value_error)
-from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section, save_figure,
+from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section,
                                           stage_section, write_outputs)
 
 # Variants trained for every seed: name -> config overrides.
@@ -127,7 +128,7 @@ def _plot_sweep(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("total test cost ($, log scale)")
     ax.set_ylabel("test accuracy (committed routing)")
     ax.legend(loc="lower right", fontsize=7)
-    save_figure(fig, path)
+    plots.save_figure(fig, path)
 
 
 def _selection_table(rows: list[dict]) -> str:
@@ -218,7 +219,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("[2/5] train RIVET variants (MC + TD) for every seed")
     variants = _variants(exp.betas)
     run_dirs = train_runs(config, data, workdir, variants, exp.seeds)
-    store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
+    store = embedding_store(config, make_encoder(config.encoder), workdir)
     routers = {name: load_routers(dirs, encoder=store.encoder) for name, dirs in run_dirs.items()}
     encoder_name = config.encoder.name
     hashing_routers = []
@@ -257,7 +258,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         named["RIVET (hashing)"] = hashing_routers
     stores = {encoder_name: store}
     if hashing_routers:
-        stores["hashing"] = EmbeddingStore(hashing_routers[0].encoder, workdir / "embeddings")
+        stores["hashing"] = embedding_store(config, hashing_routers[0].encoder, workdir)
     for name, seeds in named.items():
         encoder = "hashing" if "hashing" in name else encoder_name
         choosers[name] = [router_choice(r, data, stores[encoder]) for r in seeds]

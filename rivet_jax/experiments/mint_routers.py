@@ -11,7 +11,7 @@ import numpy as np
 from rivet_jax.data.replay import episode_rows
 from rivet_jax.data.schema import Episode
 from rivet_jax.encoders import EmbeddingStore, Encoder
-from rivet_jax.experiments.common import train_variants
+from rivet_jax.runs import train_variants
 from rivet_jax.experiments.mint_data import MintData, committed, shrunk, task_centres, task_floors
 from rivet_jax.router import Router
 

@@ -32,9 +32,8 @@ from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
-from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import check_same_config
-from rivet_jax.experiments.offpolicy import RANDOM, reference_policies, targets_of, write_result
+from rivet_jax.runs import check_same_config, collected_corpus, corpus_files, training_config
+from rivet_jax.offpolicy import RANDOM, reference_policies, targets_of, write_result
 from rivet_jax.router import Router
 
 RIVET = "RIVET (one run)"
@@ -119,12 +118,12 @@ def validate_routesim(config: ml_collections.ConfigDict, workdir: str | Path) ->
     checks every estimate against the truth on both; writes ope_validation.{md,json}."""
     started = time.perf_counter()
     workdir = Path(workdir)
-    corpus = routesim.collect(config, workdir)
+    corpus = collected_corpus(config, workdir)
     router_dir = workdir / "train"
-    train.train(routesim.training_config(config, corpus), router_dir)
+    train.train(training_config(config, corpus), router_dir)
     router = Router.from_checkpoint(router_dir)
     sim = make_routesim(config.sim)
-    training = read_episodes(routesim.corpus_files(corpus)[0], sim.pool).episodes
+    training = read_episodes(corpus_files(corpus)[0], sim.pool).episodes
     heldout = read_episodes(heldout_corpus(config, workdir, sim), sim.pool).episodes
     sets = [validate_logs(config, sim, router, training, f"training ({config.collect.split} tasks)"),
             validate_logs(config, sim, router, heldout, f"held-out ({config.ope.heldout_split} tasks)")]

@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Sequence
 from matplotlib.figure import Figure  # figures straight to files: no pyplot state, no display backend
 from matplotlib.patches import Patch
 
-from rivet_jax.experiments.common import MAIN
+from rivet_jax import plots
+from rivet_jax.runs import MAIN
 
 FRONTIER = "oracle frontier"
 
@@ -165,13 +166,6 @@ def completed_palette(rows: list[dict], colours: dict[str, str] | None) -> dict[
 # --------------------------------------------------------------------------------------------------- plots
 
 
-def save_figure(fig: Figure, path: Path, rect: tuple | None = None) -> Figure:
-    """Every report figure: laid out tight (inside `rect`, leaving room for a figure legend), 110 dpi PNG."""
-    fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=110)
-    return fig
-
-
 def _legend(target, axes) -> None:
     """One legend (on `target`, an axis or the figure, then on the right) for the labels of `axes`: each label once
     (a router drawn in every cluster or panel is one entry), by kind, fixed models by name, others as they appear."""
@@ -234,7 +228,7 @@ def plot_lambda_sweep(rows: list[dict], path: Path, colours: dict | None = None)
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     fig.suptitle("Cost-coefficient sweep (test manifest; error bars: sd over seeds)")
-    return save_figure(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def plot_online_curve(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -259,7 +253,7 @@ def plot_online_curve(rows: list[dict], path: Path, colours: dict | None = None)
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8)
     fig.suptitle("Online adaptation: the in-progress router on the test manifest (error bars: sd over seeds)")
-    return save_figure(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def plot_scatter(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -289,7 +283,7 @@ def plot_scatter(rows: list[dict], path: Path, colours: dict | None = None) -> F
         ax.axis("off")
     _legend(fig, axes)
     fig.suptitle("Accuracy-cost of every router, per split (error bars: sd over seeds)")
-    return save_figure(fig, path, rect=(0, 0, 0.87, 1))
+    return plots.save_figure(fig, path, rect=(0, 0, 0.87, 1))
 
 
 def plot_ablations(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -301,7 +295,7 @@ def plot_ablations(rows: list[dict], path: Path, colours: dict | None = None) ->
         bars(ax, rows, key, colours)
         ax.set_ylabel(label)
     fig.suptitle("Ablations on the test manifest (error bars: sd over seeds)")
-    return save_figure(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def plot_unavailability(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -316,7 +310,7 @@ def plot_unavailability(rows: list[dict], path: Path, colours: dict | None = Non
     axes[1].axhline(1.0, color=colours.get("RIVET Online", _RIVET_MAIN), linewidth=0.8, linestyle=":")
     _legend(fig, axes[:1])
     fig.suptitle("Candidate-model unavailability at test time (error bars: sd over seeds)")
-    return save_figure(fig, path, rect=(0, 0, 0.87, 1))
+    return plots.save_figure(fig, path, rect=(0, 0, 0.87, 1))
 
 
 def plot_interventions(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -336,7 +330,7 @@ def plot_interventions(rows: list[dict], path: Path, colours: dict | None = None
         ax.set_xlabel("episodes where RIVET Online")
     _legend(fig, axes[:1])
     fig.suptitle("Stay / switch interventions on RIVET Online's test episodes")
-    return save_figure(fig, path, rect=(0, 0, 0.9, 1))
+    return plots.save_figure(fig, path, rect=(0, 0, 0.9, 1))
 
 
 def plot_post_error(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -350,7 +344,7 @@ def plot_post_error(rows: list[dict], path: Path, colours: dict | None = None) -
         ax.set_title(label, fontsize=10)
         ax.set_ylim(0, 1)
     fig.suptitle("Routing after execution errors (n/a: no event to measure)")
-    return save_figure(fig, path)
+    return plots.save_figure(fig, path)
 
 
 def plot_stage_preferences(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
@@ -379,4 +373,4 @@ def plot_stage_preferences(rows: list[dict], path: Path, colours: dict | None = 
     handles = [Patch(color=model_colours[m], label=m) for m in models]
     fig.legend(handles=handles, loc="lower center", ncol=len(models), fontsize=8, frameon=False)
     fig.suptitle("Model selection per turn stage: Analyze (outer), Solve (middle), Submit (inner)", fontsize=10)
-    return save_figure(fig, path, rect=(0, 0.06, 1, 0.95))
+    return plots.save_figure(fig, path, rect=(0, 0.06, 1, 0.95))

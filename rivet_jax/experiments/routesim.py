@@ -30,20 +30,20 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import evaluation, online, train
-from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
-from rivet_jax.baselines.mtrouter import MTRouter
-from rivet_jax.baselines.single_turn import (ClusterRouter, ContrastiveRouter, KNNRouter,
-                                             MatrixFactorizationRouter)
+from rivet_jax.baselines.best_fixed import BEST_FIXED
+from rivet_jax.baselines.registry import fit_baselines
 from rivet_jax.data.replay import reference_cost
 from rivet_jax.data.schema import read_episodes
-from rivet_jax.encoders import EmbeddingStore, make_encoder
-from rivet_jax.envs import collect as collect_lib
+from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
-from rivet_jax.experiments.common import (MAIN, ONE_RUN, Progress, check_same_config, member_seeds, pessimistic,
-                                          train_variants, with_overrides)
+from rivet_jax.experiments.common import ONE_RUN, member_seeds, pessimistic
+from rivet_jax.progress import Progress
+from rivet_jax.runs import (MAIN, check_same_config, collected_corpus, corpus_files, train_variants,
+                            training_config)
+from rivet_jax.settings import with_overrides
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -52,33 +52,6 @@ ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
 
 
 # ------------------------------------------------------------------------------------ corpus and one router
-
-
-def collect(config: ml_collections.ConfigDict, workdir: str | Path) -> Path:
-    """Writes (or finds) the logged corpus; returns its directory."""
-    corpus = Path(workdir) / "corpus"
-    check_same_config(corpus / "config.json", {"sim": config.sim.to_dict(), "collect": config.collect.to_dict()})
-    if (corpus / collect_lib.EPISODES_FILE).exists():
-        logging.info("Corpus already in %s", corpus)
-        return corpus
-    sim = make_routesim(config.sim)
-    started = time.perf_counter()
-    episodes = collect_lib.collect_corpus(sim, config.collect.split, config.collect.seed)
-    collect_lib.write_corpus(corpus, sim, episodes)
-    logging.info("Collected %d episodes (%d transitions) in %.2fs into %s", len(episodes),
-                 sum(len(e.turns) for e in episodes), time.perf_counter() - started, corpus)
-    return corpus
-
-
-def corpus_files(corpus: Path) -> tuple[Path, Path]:
-    """The episodes and model cards of a collected corpus directory."""
-    return corpus / collect_lib.EPISODES_FILE, corpus / collect_lib.CARDS_FILE
-
-
-def training_config(config: ml_collections.ConfigDict, corpus: Path) -> ml_collections.ConfigDict:
-    """`config` with its data pointed at the collected corpus."""
-    episodes, cards = corpus_files(corpus)
-    return with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards)})
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str | Path, router_dir: str | Path) -> dict:
@@ -110,7 +83,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path, router_dir:
 def run_routesim(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """`launch.evaluate`: collect -> train RIVET offline (MC then TD) into <workdir>/train/ -> evaluate."""
     router_dir = Path(workdir) / "train"
-    train.train(training_config(config, collect(config, workdir)), router_dir)
+    train.train(training_config(config, collected_corpus(config, workdir)), router_dir)
     return evaluate(config, workdir, router_dir)
 
 
@@ -278,21 +251,6 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- main
 
 
-def fit_baselines(config, episodes, pool, store: EmbeddingStore, lam: float, c_ref: float) -> dict[str, Policy]:
-    b = config.baselines
-    encoder = store.encoder
-    return {
-        BEST_FIXED: BestFixedRouter.fit(episodes, pool, lam, config.reward.gamma, c_ref),
-        "MTRouter": MTRouter.fit(episodes, pool, store, lam=lam, count_tokens=encoder.count_tokens,
-                                 max_tokens=config.max_state_tokens, epochs=b.mtrouter_epochs, seed=config.seed,
-                                 c_ref=c_ref),
-        "Weighted kNN": KNNRouter.fit(episodes, pool, store, lam, c_ref, k=b.knn_k),
-        "Avengers-Pro": ClusterRouter.fit(episodes, pool, store, lam, c_ref, clusters=b.clusters, seed=config.seed),
-        "EmbedLLM": MatrixFactorizationRouter.fit(episodes, pool, store, lam, c_ref, seed=config.seed),
-        "RouterDC": ContrastiveRouter.fit(episodes, pool, store, lam, c_ref, seed=config.seed),
-    }
-
-
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
     started = time.perf_counter()
@@ -304,7 +262,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     lam, rp = config.reward.lam, config.reproduce
     log("collect the logged corpus", 1)
-    corpus = collect(config, workdir)
+    corpus = collected_corpus(config, workdir)
     episodes_path, cards_path = corpus_files(corpus)
 
     settings = selection.grid(config)
@@ -353,7 +311,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log("fit the baselines", 4)
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
-    store = EmbeddingStore(make_encoder(config.encoder), workdir / "embeddings")
+    store = embedding_store(config, make_encoder(config.encoder), workdir)
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
 
     log("evaluate", 5)

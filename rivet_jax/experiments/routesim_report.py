@@ -11,7 +11,8 @@ from typing import Sequence
 import ml_collections
 
 from rivet_jax.experiments import diagnostics, report, selection
-from rivet_jax.experiments.common import MAIN, ONE_RUN, pessimistic
+from rivet_jax.experiments.common import ONE_RUN, pessimistic
+from rivet_jax.runs import MAIN
 
 _MAIN_COLUMNS = [("router", "router", -1), ("split", "split", -1), ("accuracy", "accuracy", 3),
                  ("cost_usd", "cost ($)", 3), ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3),

@@ -31,11 +31,12 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure
 
-from rivet_jax import evaluation
+from rivet_jax import evaluation, plots
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.routesim import RouteSim
 from rivet_jax.experiments import report
-from rivet_jax.experiments.common import MAIN, ONE_RUN
+from rivet_jax.experiments.common import ONE_RUN
+from rivet_jax.runs import MAIN
 from rivet_jax.router import Router
 
 
@@ -140,4 +141,4 @@ def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     low = min(r["val_return"] - r["val_return_sd"] for r in rows)
     ax.set_ylim(bottom=max(0.0, low - 0.1) if low > 0 else None)
     fig.suptitle("The conservatism setting chosen on validation")
-    return report.save_figure(fig, path)
+    return plots.save_figure(fig, path)

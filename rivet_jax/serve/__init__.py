@@ -2,6 +2,5 @@
 
 `app` (the HTTP endpoints), `conversation` (a request -> the router's state and the session), `policy` (the
 epsilon-greedy choice and the fallback order), `upstream` (the pool's endpoints: calls, faults, health) and
-`recorder` (the write-ahead log and the episode files training reads). Needs the `serve` extra (starlette, uvicorn,
-httpx); nothing of the method imports this package.
+`recorder` (the write-ahead log and the episode files training reads). Nothing of the method imports this package.
 """

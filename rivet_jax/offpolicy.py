@@ -17,14 +17,14 @@ from absl import logging
 from rivet_jax import deploy, ope
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
+from rivet_jax.baselines.registry import fit_baselines
 from rivet_jax.corpus import NoCorpusError, corpus_paths, training_episodes
 from rivet_jax.data.files import episode_paths
 from rivet_jax.data.schema import DataError, Episode, ModelPool, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, episodes_of
-from rivet_jax.encoders import EmbeddingStore
+from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, Policy, RandomPolicy, RouterPolicy
-from rivet_jax.experiments.common import MAIN
-from rivet_jax.experiments.routesim import fit_baselines
+from rivet_jax.runs import MAIN
 from rivet_jax.router import Router
 from rivet_jax.verdict import judge_on_logs, write_verdict
 
@@ -59,7 +59,7 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
     lam, gamma = config.reward.lam, config.reward.gamma
     if not (everything and "baselines" in config):
         return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, lam, gamma, router.c_ref)}
-    store = EmbeddingStore(router.encoder, config.data.embedding_cache or workdir / "embeddings")
+    store = embedding_store(config, router.encoder, workdir)
     return fit_baselines(config, episodes, router.pool, store, lam, router.c_ref)
 
 
@@ -103,11 +103,13 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     router = Router.from_checkpoint(workdir, stage)
     episodes = held_out_split(read_heldout(episodes_path, cards_path, router), workdir, split)
     config = router.config
-    logs = ope.read_logs(episodes, router.pool, config.reward.lam, config.reward.gamma, router.c_ref)
+    held = deploy.held_out(episodes, router.pool, embedding_store(config, router.encoder, workdir),
+                           config.max_state_tokens, config.reward.lam, config.reward.gamma, router.c_ref)
+    logs = held.logs
     policies = {MAIN: RouterPolicy(router), **log_baselines(router, workdir, baselines),
                 **reference_policies(router.pool)}
     targets = targets_of(policies, logs, router.pool)
-    features = ope.state_features(logs, router.encoder, config.max_state_tokens)
+    features = held.features  # the states' vectors from the workdir's embedding cache
     result = ope.evaluate(logs, targets, features, resamples=resamples, seed=seed, ridge=ridge)
     result.update({"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
                    "gamma": config.reward.gamma, "c_ref": router.c_ref, "seconds": time.perf_counter() - started})
@@ -128,7 +130,7 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     config = router.config
     lam, gamma = float(config.reward.lam), float(config.reward.gamma)
     floor = deploy.floor_of(best_fixed, router.pool)
-    store = EmbeddingStore(router.encoder, config.data.embedding_cache or workdir / "embeddings")
+    store = embedding_store(config, router.encoder, workdir)
     held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, lam, gamma, router.c_ref)
     result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
                            resamples, seed, lam, gamma, router.c_ref, split)

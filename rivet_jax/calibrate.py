@@ -27,43 +27,33 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 from absl import logging
-from matplotlib.figure import Figure
 
-from rivet_jax import deploy, evaluation, ope, train
+from rivet_jax import deploy, evaluation, ope, plots, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.files import atomic_write_text
-from rivet_jax.data.schema import Episode
+from rivet_jax.data.profile import profile_logs
+from rivet_jax.data.schema import Episode, read_model_cards
 from rivet_jax.data.splits import MANIFEST
-from rivet_jax.encoders import EmbeddingStore, make_encoder
+from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import routesim
-from rivet_jax.experiments.common import MAIN, train_variants, with_overrides
-from rivet_jax.experiments.report import save_figure
 from rivet_jax.pipeline import logged_splits
-from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.router import Router
+from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants
+from rivet_jax.settings import with_overrides
 from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
-
-
-def bootstrap_mean(per_task: np.ndarray, resamples: int, seed: int, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean of per-task values (T,) and its percentile-bootstrap interval over tasks (rollouts of one task are
-    correlated, so tasks, not episodes, are the independent draws)."""
-    draws = np.random.default_rng(seed).integers(len(per_task), size=(resamples, len(per_task)))
-    means = per_task[draws].mean(axis=1)
-    tail = 100 * (1 - level) / 2
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(per_task.mean()), float(low), float(high)
 
 
 def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, lam: float, gamma: float,
                     c_ref: float) -> dict:
     """Success, dollar cost and return J (Eqs. 1-2 at `lam`) per episode of rolled-out episodes, each with a 95%
     interval over tasks."""
-    per_task = deploy.per_task_values(episodes, lam, gamma, c_ref)                                # (T, 3)
+    per_task = deploy.per_task_values(episodes, lam, gamma, c_ref)[None]                       # (1, T, C)
+    draws = deploy.task_bootstrap(per_task, resamples, seed)                                    # (B, 1, C)
     out = {}
     for column, name in ((deploy.SUCCESS, "success"), (deploy.COST, "cost"), (deploy.J, "return")):
-        mean, low, high = bootstrap_mean(per_task[:, column], resamples, seed)
-        out.update({name: mean, f"{name}_lo": low, f"{name}_hi": high})
+        low, high = deploy.percentiles(draws[:, 0, column])
+        out.update({name: float(per_task[0, :, column].mean()), f"{name}_lo": low, f"{name}_hi": high})
     return out
 
 
@@ -111,7 +101,7 @@ def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str)
     return rows, fixed
 
 
-def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: list[Episode]
+def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: list[Episode], workdir: Path
                  ) -> tuple[list[dict], list[dict]]:
     """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR), of every router
     and every fixed model. J is Eq. 2's discounted return at each router's own lambda: FQE is linear in the
@@ -120,11 +110,14 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     first = next(iter(routers.values()))
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
     names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
-    logs = {lam: ope.read_logs(validation, first.pool, lam, gamma, c_ref) for lam in (0.0, 1.0)}
+    store = embedding_store(config, first.encoder, workdir)  # the states' vectors, from the workdir's one cache
+    held = deploy.held_out(validation, first.pool, store, first.config.max_state_tokens, 0.0, gamma, c_ref)
+    logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, 1.0, gamma, c_ref)}
     requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
-    targets = [ope.target_distribution(RouterPolicy(r), requests, first.pool) for r in routers.values()]
+    targets = [deploy.one_hot(deploy.choices(r.scores_from_embeddings(held.h), held, r.commit), len(first.pool))
+               for r in routers.values()]  # each router's choice at every state, from the cached vectors
     targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
-    features = ope.state_features(logs[0.0], make_encoder(config.encoder), config.max_state_tokens)
+    features = held.features
     runs, ridge = [], None
     for lam in (0.0, 1.0):
         logging.info("calibrate: fitted-Q evaluation of %d policies at lambda %g (%d resamples)", len(names), lam,
@@ -140,9 +133,9 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     def at(p: int, lam: float) -> dict:
         name = names[p]
         j = (1 - lam) * point[0][name]["return"] + lam * point[1][name]["return"]
-        low, high = np.percentile((1 - lam) * draws[0][:, p] + lam * draws[1][:, p], [2.5, 97.5])
+        low, high = deploy.percentiles((1 - lam) * draws[0][:, p] + lam * draws[1][:, p])
         return {"estimator": "FQE", **{k: point[0][name][k] for k in keys}, "return": float(j),
-                "return_lo": float(low), "return_hi": float(high)}
+                "return_lo": low, "return_hi": high}
 
     rows = [{"lambda": lam, "stage": stage, **at(p, lam)} for p, (lam, stage) in enumerate(routers)]
     fixed = [{"model": m, **at(len(routers) + i, float(config.reward.lam))} for i, m in enumerate(first.pool.names)]
@@ -168,21 +161,25 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     workdir, started = Path(workdir), time.perf_counter()
     simulated = "sim" in config
     if simulated:
-        episodes_path, cards_path = routesim.corpus_files(routesim.collect(config, workdir))
+        episodes_path, cards_path = corpus_files(collected_corpus(config, workdir))
     else:
         episodes_path, cards_path = config.data.episodes, config.data.cards  # the setting as given (a list, a glob)
     lambdas = [float(x) for x in config.calibrate.lambdas]
     variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))
     stages = train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
-    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage)
+    first_run = next(iter(dirs.values()))[0]
+    # as training's choice deploys on the same logs: A/B logs commit (RouteSim rolls switching out)
+    commit = not simulated and deploy.commits(profile_logs(logged_splits(config, first_run)["train"],
+                                                           read_model_cards(cards_path)), simulated)
+    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).deployed_as(None, commit)
                for lam in lambdas for stage in stages}
     logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
     if simulated:
         rows, fixed = _routesim_rows(config, routers, config.calibrate.split)
     else:
-        rows, fixed = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]))
+        rows, fixed = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]), workdir)
     for row, kept in zip(rows, best_checkpoints(rows)):
         row["kept"] = kept
     kept_rows = [r for r in rows if r["kept"]]
@@ -201,7 +198,10 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
         result["test"] = _routesim_rows(config, {key: routers[key]}, "test")[0][0]
     result["verdict"] = _verdict(config, routers[key], router_dir, workdir, simulated)
     result["seconds"] = time.perf_counter() - started
-    write_deployment(workdir, router_dir, chosen)
+    name = f"lambda={chosen['lambda']:g} {chosen['stage']}"
+    spec = deploy.Candidate(name, (os.path.relpath(router_dir, workdir),), chosen["stage"]).spec(
+        None, routers[key].pool.names, commit)
+    deploy.write_deployment(workdir, spec, {"source": "launch.calibrate", "chosen": chosen})
     write_report(workdir, result)
     return result
 
@@ -220,20 +220,12 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
         if not test:
             logging.info("calibrate: no held-out test tasks (config.data.holdout.test = 0): no verdict")
             return None
-        store = EmbeddingStore(router.encoder, workdir / "embeddings")
+        store = embedding_store(config, router.encoder, workdir)
         held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, lam, gamma, router.c_ref)
         result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
                                cal.resamples, cal.seed + 1, lam, gamma, router.c_ref)
     write_verdict(workdir, result)
     return result
-
-
-def write_deployment(workdir: Path, router_dir: Path, chosen: dict) -> None:
-    """deploy.json: `Router.from_checkpoint(workdir)` loads the chosen lambda's run at the chosen stage."""
-    spec = {"name": f"lambda={chosen['lambda']:g} {chosen['stage']}", "runs": [os.path.relpath(router_dir, workdir)],
-            "stage": chosen["stage"], "commit": False, "recentring": None}
-    atomic_write_text(workdir / DEPLOY_FILE, json.dumps({"deploy": spec, "source": "launch.calibrate",
-                                                         "chosen": chosen}, indent=1) + "\n")
 
 
 def write_report(workdir: Path, result: dict) -> None:
@@ -283,7 +275,9 @@ def write_report(workdir: Path, result: dict) -> None:
 
 def plot(result: dict, path: Path) -> None:
     rows, budget = [r for r in result["rows"] if r["kept"]], result["budget_usd_per_episode"]
-    fig = Figure(figsize=(6.5, 4.5))
+    fig = plots.figure(path, figsize=(6.5, 4.5))
+    if fig is None:
+        return
     ax = fig.subplots()
     cost = np.array([r["cost"] for r in rows])
     success = np.array([r["success"] for r in rows])
@@ -308,4 +302,4 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("cost per episode ($)")
     ax.set_ylabel("success per episode")
     ax.legend(loc="lower right", fontsize=8)
-    save_figure(fig, path)
+    plots.save_figure(fig, path)
