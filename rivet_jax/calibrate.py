@@ -38,7 +38,7 @@ from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.pipeline import logged_splits
-from rivet_jax.router import Router
+from rivet_jax.router import Choice, Router
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants
 from rivet_jax.settings import with_overrides
 from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
@@ -172,7 +172,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     # as training's choice deploys on the same logs: A/B logs commit (RouteSim rolls switching out)
     commit = not simulated and deploy.commits(profile_logs(logged_splits(config, first_run)["train"],
                                                            read_model_cards(cards_path)), simulated)
-    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).deployed_as(None, commit)
+    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).with_choice(Choice(commit=commit))
                for lam in lambdas for stage in stages}
     logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
@@ -200,7 +200,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     result["seconds"] = time.perf_counter() - started
     name = f"lambda={chosen['lambda']:g} {chosen['stage']}"
     spec = deploy.Candidate(name, (os.path.relpath(router_dir, workdir),), chosen["stage"]).spec(
-        None, routers[key].pool.names, commit)
+        routers[key].choice, routers[key].pool.names)
     deploy.write_deployment(workdir, spec, {"source": "launch.calibrate", "chosen": chosen})
     write_report(workdir, result)
     return result

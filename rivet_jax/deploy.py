@@ -49,7 +49,7 @@ from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.envs.base import Env, Policy
-from rivet_jax.router import DEPLOY_FILE, Recentring, Router, keep_previous
+from rivet_jax.router import DEPLOY_FILE, Choice, Recentring, Router, keep_previous
 
 SELECTION_FILE = "selection.md"
 CHANNELS = ope.CHANNELS          # return J (Eq. 2, discounted), success, dollar cost per episode
@@ -71,13 +71,10 @@ class Candidate:
     k: float | None = None
     epoch: int | None = None  # a kept earlier checkpoint of the stage (None: its last)
 
-    def spec(self, recentring: Recentring | None, names: Sequence[str], commit: bool) -> dict:
-        """What deploy.json records for `Router.deployed`."""
+    def spec(self, choice: Choice, names: Sequence[str]) -> dict:
+        """What deploy.json records for `Router.deployed`: the runs' checkpoint and how it chooses."""
         return {"name": self.name, "runs": list(self.runs), "stage": self.stage, "epoch": self.epoch,
-                "commit": commit,
-                "recentring": None if recentring is None else {
-                    "k": recentring.k, "floor": dict(zip(names, recentring.floor.tolist())),
-                    "centre": dict(zip(names, recentring.centre.tolist()))}}
+                **choice.spec(names)}
 
 
 def candidates(runs: Mapping[str, str], stages: Sequence[str], shrinkage: Sequence[float],
@@ -298,13 +295,21 @@ def per_task_values(episodes: Sequence[Episode], lam: float, gamma: float, c_ref
 # ---------------------------------------------------------------------------------------------------- choice
 
 
+def best(values: Sequence[float], tolerance: float = 0.0) -> int:
+    """The index of the best value, the earliest of those within `tolerance` of it: how every validated choice
+    picks among its candidates (`choose`; the reproduction's conservatism grid, the MINT commitment's stage, floor
+    and shrinkage), so candidates listed simplest first win their ties."""
+    values = np.asarray(values, np.float64)
+    return int(np.flatnonzero(values >= values.max() - tolerance)[0])
+
+
 def choose(estimates: Estimates, require_gain: bool) -> int:
-    """The candidate with the best J among those that beat the best fixed model (`require_gain`: with a paired
-    interval above 0; else by the point estimate); none: the best fixed model."""
+    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model
+    (`require_gain`: with a paired interval above 0; else by the point estimate); none: the best fixed model."""
     floor = estimates.index(BEST_FIXED)
     better = [p for p in range(len(estimates.names))
               if p != floor and estimates.difference(p, floor)[1 if require_gain else 0] > 0]
-    return max(better, key=lambda p: estimates.point[p, J]) if better else floor
+    return better[best(estimates.point[better, J])] if better else floor
 
 
 @dataclasses.dataclass
@@ -333,9 +338,13 @@ class Scorer:
             self._centres[key] = self.router(candidate).scores_from_embeddings(self.train_h).mean(axis=0)  # (M,)
         return Recentring(self.floor, self._centres[key].astype(np.float64), candidate.k)
 
+    def choice(self, candidate: Candidate) -> Choice:
+        """How the candidate chooses: recentred with its k (or as trained), committed on A/B logs."""
+        return Choice(recentring=self.recentring(candidate), commit=self.commit)
+
     def deployable(self, candidate: Candidate) -> Router:
         """The candidate as `Router.deployed` loads it."""
-        return self.router(candidate).deployed_as(self.recentring(candidate), self.commit)
+        return self.router(candidate).with_choice(self.choice(candidate))
 
     def scores(self, candidate: Candidate, h: np.ndarray) -> np.ndarray:  # (N, M) at states h (N, D)
         q = self.router(candidate).scores_from_embeddings(h).astype(np.float64)

@@ -158,7 +158,7 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
                                          dc.seed, screen_against=deploy.BEST_FIXED)
     chosen = candidates[deploy.choose(estimates, dc.require_gain)]
     table = deploy.candidate_rows(estimates)
-    spec = chosen.spec(scorer.recentring(chosen), pool.names, commit)
+    spec = chosen.spec(scorer.choice(chosen), pool.names)
     fixed_model = pool.names[int(np.argmax(floor))]
     deploy.write_deployment(workdir, spec, {
         "estimator": estimates.estimator, "note": estimates.note, "tasks": estimates.tasks, "candidates": table,

@@ -64,6 +64,35 @@ class Recentring:
         return self.floor[None, :] + self.k * (q - self.centre[None, :])
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """How a router turns Q_route into a choice: everything a deployment carries besides the parameters (deploy.json
+    records it; `rivet_jax.deploy` chooses it on validation).
+
+    pessimism   an ensemble scores mean - pessimism x sd over its members (0: their mean)
+    recentring  scores floor + k (Q_route - centre) per model (None: Q_route as trained)
+    commit      after the first turn, keep calling the previous turn's model (A/B logs: `deploy.commits`)
+    """
+
+    pessimism: float = 0.0
+    recentring: Recentring | None = None
+    commit: bool = False
+
+    def spec(self, names: Sequence[str]) -> dict:
+        """Its deploy.json fields, per-model values keyed by model name."""
+        r = self.recentring
+        return {"pessimism": self.pessimism, "commit": self.commit, "recentring": None if r is None else {
+            "k": r.k, "floor": dict(zip(names, r.floor.tolist())), "centre": dict(zip(names, r.centre.tolist()))}}
+
+    @classmethod
+    def from_spec(cls, spec: Mapping, names: Sequence[str]) -> "Choice":
+        """The inverse of `spec` (a deployment written before pessimism was recorded has none)."""
+        r = spec.get("recentring")
+        recentring = None if r is None else Recentring(np.array([r["floor"][m] for m in names]),
+                                                       np.array([r["centre"][m] for m in names]), float(r["k"]))
+        return cls(float(spec.get("pessimism", 0.0)), recentring, bool(spec.get("commit", False)))
+
+
 def keep_previous(q: np.ndarray, previous: np.ndarray) -> np.ndarray:
     """A committed router's scores (B, M): where the previous turn's model `previous` (B,) int (-1: none, a first
     turn) is available (finite score), every other model gets -inf, so the argmax keeps calling it."""
@@ -123,15 +152,14 @@ class Router:
 
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
                  card_embeddings: np.ndarray, c_ref: float | None = None, stacked: bool = False,
-                 pessimism: float = 0.0, recentring: Recentring | None = None, commit: bool = False,
-                 capability_names: tuple[str, ...] | None = None):
+                 choice: Choice = Choice(), capability_names: tuple[str, ...] | None = None):
+        if not (np.isfinite(choice.pessimism) and choice.pessimism >= 0):
+            raise ValueError(f"pessimism must be a finite number >= 0, got {choice.pessimism!r}")
         self.pool = pool
-        self.recentring = recentring  # scores recentred on the per-model floor (None: Q_route as trained)
-        self.commit = commit          # True: after the first turn, keep calling the previous turn's model
+        self.choice = choice
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
-        self.pessimism = float(pessimism)  # scores are mean - pessimism * sd over the members
         self._net = make_network(config)
         rve = rve_params(params)
         self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
@@ -186,12 +214,8 @@ class Router:
             raise ValueError(f"{path}: not a deployment written by rivet_jax.fit ({error!r}); load a stage "
                              f"explicitly (stage='td') or refit") from error
         members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool, epoch=epoch) for run in runs]
-        router = members[0] if len(members) == 1 else cls.ensemble(members, spec.get("pessimism", 0.0))
-        recentring, names = spec.get("recentring"), router.pool.names
-        if recentring is not None:
-            recentring = Recentring(np.array([recentring["floor"][m] for m in names]),
-                                    np.array([recentring["centre"][m] for m in names]), float(recentring["k"]))
-        return router.deployed_as(recentring, bool(spec.get("commit", False)))
+        router = members[0] if len(members) == 1 else cls.ensemble(members)
+        return router.with_choice(Choice.from_spec(spec, router.pool.names))
 
     @classmethod
     def ensemble(cls, members: Sequence["Router"], pessimism: float = 0.0) -> "Router":
@@ -204,8 +228,6 @@ class Router:
         does not push toward the model that wrote the history."""
         if not members:
             raise ValueError("an ensemble needs at least one member router")
-        if not (np.isfinite(pessimism) and pessimism >= 0):
-            raise ValueError(f"pessimism must be a finite number >= 0, got {pessimism!r}")
         first = members[0]
         for i, other in enumerate(members[1:], start=1):
             differences = _ensemble_differences(first, other)
@@ -213,14 +235,26 @@ class Router:
                 raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
-                   stacked=True, pessimism=pessimism, capability_names=first._capability_names)
+                   stacked=True, choice=Choice(pessimism=float(pessimism)), capability_names=first._capability_names)
 
-    def deployed_as(self, recentring: Recentring | None, commit: bool) -> "Router":
-        """This router (the same parameters, shared) scoring with `recentring` and `commit`: a candidate of
-        `rivet_jax.deploy` as `Router.deployed` will load it."""
+    def with_choice(self, choice: Choice) -> "Router":
+        """This router (the same parameters, shared) choosing by `choice`: a candidate of `rivet_jax.deploy` as
+        `Router.deployed` will load it."""
         router = copy.copy(self)
-        router.recentring, router.commit = recentring, commit
+        router.choice = choice
         return router
+
+    @property
+    def pessimism(self) -> float:
+        return self.choice.pessimism
+
+    @property
+    def recentring(self) -> Recentring | None:
+        return self.choice.recentring
+
+    @property
+    def commit(self) -> bool:
+        return self.choice.commit
 
     def with_new_models(self, cards: Sequence[ModelCard]) -> "Router":
         """This router over its pool plus `cards`: models it has never seen logged, scored from their cards alone
@@ -232,7 +266,7 @@ class Router:
                              "to the router it was deployed from (Router.from_checkpoint(workdir, stage=...))")
         pool, embeddings = with_new_cards(self.pool, self._card_embeddings, cards, self.encoder)
         return Router(self._params, pool, self.encoder, self.config, embeddings, c_ref=self.c_ref, stacked=True,
-                      pessimism=self.pessimism, commit=self.commit, capability_names=self._capability_names)
+                      choice=self.choice, capability_names=self._capability_names)
 
     @property
     def members(self) -> int:

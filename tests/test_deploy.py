@@ -15,7 +15,7 @@ from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes
 from rivet_jax.settings import with_overrides
 from rivet_jax.pipeline import conservatism, fit
-from rivet_jax.router import Recentring, Router, keep_previous
+from rivet_jax.router import Choice, Recentring, Router, keep_previous
 from rivet_jax.verdict import Routing, identical_fixed, routing_of, verdict, warnings_of
 
 NAMES = ("ace", "bee", "cat")
@@ -107,9 +107,11 @@ def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_d
     raw = Router.from_checkpoint(workdir, stage="td")
     names = raw.pool.names
     floor, centre = np.linspace(0.1, 0.6, len(names)), np.linspace(1.0, -1.0, len(names))
-    spec = deploy.Candidate("td k=0.5", (".",), "td", 0.5).spec(Recentring(floor, centre, 0.5), names, commit=True)
+    choice = Choice(recentring=Recentring(floor, centre, 0.5), commit=True)
+    spec = deploy.Candidate("td k=0.5", (".",), "td", 0.5).spec(choice, names)
     (workdir / "deploy.json").write_text(json.dumps({"deploy": spec}))
     deployed = Router.from_checkpoint(workdir)
+    assert Choice.from_spec(spec, names).spec(names) == {k: spec[k] for k in ("pessimism", "commit", "recentring")}
     task, history = "What is 2 + 3?", [{"response": "5", "feedback": "ok", "model": names[1]}]
     q = raw.scores([(task, [])])
     np.testing.assert_allclose(deployed.scores([(task, [])]), floor + 0.5 * (q - centre), rtol=1e-6)
@@ -229,3 +231,12 @@ def test_routesim_logs_through_the_own_logs_path_deploy_a_router_that_beats_the_
     fixed = np.mean([oracle.solve(sim, task, lam, gamma, c_ref, best_fixed).stats.value  # its exact return
                      for task in sim.sim_tasks("test")])
     assert routed > fixed + 0.05
+
+
+def test_best_is_the_earliest_of_the_top_values():
+    """The one rule of every validated choice: the best value, ties (within the tolerance) to the earliest."""
+    assert deploy.best([0.1, 0.3, 0.2]) == 1
+    assert deploy.best([0.3, 0.1, 0.3]) == 0                          # an exact tie: the earlier candidate
+    assert deploy.best([0.3, 0.3 + 5e-13, 0.2], tolerance=1e-12) == 0  # within the tolerance: a tie
+    assert deploy.best([0.3, 0.3 + 5e-13, 0.2]) == 1                  # without it, the larger
+    assert deploy.best([-np.inf, -1.0]) == 1

@@ -12,7 +12,7 @@ import pytest
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.experiments.mint_data import MintData, committed
 from rivet_jax.experiments.mint_new_models import card_floor, held_out_draws
-from rivet_jax.router import Router
+from rivet_jax.router import Choice, Router
 
 STATES = [("Find the capital of France.", []), ("Add 2 and 2.", [])]
 
@@ -33,7 +33,7 @@ def test_a_new_model_with_a_known_models_card_scores_like_it(demo_router_dir):
     with pytest.raises(ValueError, match="duplicate model name"):
         router.with_new_models([twin_of])
     with pytest.raises(ValueError, match="recentred"):
-        router.deployed_as(object(), False).with_new_models([twin])
+        router.with_choice(Choice(recentring=object())).with_new_models([twin])
 
 
 def test_new_cards_are_read_with_the_trained_flags(demo_router_dir):

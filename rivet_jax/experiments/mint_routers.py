@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rivet_jax.data.replay import episode_rows
+from rivet_jax.deploy import best
 from rivet_jax.data.schema import Episode
 from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.runs import train_variants
@@ -69,7 +70,7 @@ def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, st
     names = next(iter(stages.values()))[0].pool.names  # every stage's runs share one pool
     floor_of = {kind: {split: task_floors(data, names, data.split[split], kind, lam, gamma)
                        for split in ("validation", "test")} for kind in floors}
-    rows, best, best_j = [], None, -np.inf
+    rows, chosen = [], []
     for stage, routers in stages.items():
         scores = [{split: first_state_scores(r, data, store, split) for split in ("train", "validation", "test")}
                   for r in routers]
@@ -83,9 +84,9 @@ def validated_commitment(stages: dict[str, Sequence[Router]], data: MintData, st
                     1.0, lam, gamma, split="validation")["return"] for s, c in zip(scores, centres)]))
                 rows.append({"stage": stage, "floor": kind, "shrinkage_k": float(k), "validation_return": j,
                              "chosen": ""})
-                if j > best_j + 1e-12:
-                    best, best_j = (len(rows) - 1, names, scores, centres, floor, k), j
-    index, names, scores, centres, floor, k = best
+                chosen.append((scores, centres, floor, k))
+    index = best([r["validation_return"] for r in rows], tolerance=1e-12)  # the one rule; ties to the earlier
+    scores, centres, floor, k = chosen[index]
     rows[index]["chosen"] = "yes"
     return [argmax_choice(shrunk(s["test"], floor["test"], c["test"], k), names, data.split["test"])
             for s, c in zip(scores, centres)], rows

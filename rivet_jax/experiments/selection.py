@@ -32,6 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rivet_jax import evaluation, plots
+from rivet_jax.deploy import best
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.routesim import RouteSim
 from rivet_jax.experiments import report
@@ -84,8 +85,8 @@ def select(config: ml_collections.ConfigDict, sim: RouteSim,
     for setting, run_dirs in sorted(dirs.items()):
         routers = [Router.from_checkpoint(d, stage="online") for d in run_dirs]
         rows.append({"alpha": setting[0], "cql_on": setting[1], **_validated(config, sim, routers)})
-    best = max(rows, key=lambda r: r["val_return"])
-    chosen = (best["alpha"], best["cql_on"]) if s.enabled else paper(config)
+    top = rows[best([r["val_return"] for r in rows])]  # the one rule of every validated choice
+    chosen = (top["alpha"], top["cql_on"]) if s.enabled else paper(config)
     deployed = MAIN if config.reproduce.ensemble == 1 else ONE_RUN
     for r in rows:
         setting = (r["alpha"], r["cql_on"])
