@@ -18,7 +18,7 @@ from absl import app, flags, logging
 from rivet_jax import checkpointing
 from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.run_identity import flatten
-from rivet_jax.settings import SETTINGS
+from rivet_jax import settings
 from rivet_jax.corpus import NoCorpusError
 from rivet_jax.data.schema import DataError
 from rivet_jax.workdir_lock import WorkdirBusyError
@@ -141,6 +141,6 @@ def _print_help(argv: list[str]) -> None:
     if config is not None:
         print("\nconfig keys (override any with --config.KEY=VALUE; what each means, from rivet_jax/settings.py):")
         for key, value in flatten(config.to_dict()).items():
-            setting = SETTINGS.get(key)
-            print(f"  --config.{key}={value!r}" + (f"\n      {setting.meaning}" if setting is not None else ""))
+            meaning = settings.meaning(key)
+            print(f"  --config.{key}={value!r}" + (f"\n      {meaning}" if meaning is not None else ""))
 

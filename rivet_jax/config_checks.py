@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rivet_jax.settings import SETTINGS, anything, is_number
+from rivet_jax.settings import SERVE_SETTINGS, SETTINGS, anything, is_number
 
 ONLINE_STAGES = ("online", "all")   # the stages that act in an environment (`config.sim`)
 
@@ -18,10 +18,11 @@ class ConfigError(ValueError):
     """A config value the run cannot use; the message lists every bad value, one per line."""
 
 
-# key -> (test, what is expected), from the one table of what every key means (`settings.SETTINGS`, in the order
-# of configs/default.py). A key missing from the config is not checked.
+# key -> (test, what is expected), from the tables that declare every key (`settings.SETTINGS` for training,
+# `settings.SERVE_SETTINGS` for the proxy). A key missing from the config is not checked.
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    key: (setting.check, setting.expected) for key, setting in SETTINGS.items() if setting.check is not anything}
+    key: (setting.check, setting.expected) for table in (SERVE_SETTINGS, SETTINGS) for key, setting in table.items()
+    if setting.check is not anything}
 
 
 def _lookup(config, key: str) -> tuple[bool, Any]:

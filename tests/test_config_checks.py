@@ -68,10 +68,18 @@ def test_launcher_config_mistakes_are_one_line(tmp_path, capfd, monkeypatch):
 
 
 def test_every_key_of_the_training_config_is_declared_once():
-    """What a key means, its check and whether a resume may change it come from one table (settings.SETTINGS):
-    every key of configs/default.py is in it, and the checks and resume rules read it."""
+    """What a key means, its default, its check and whether a resume may change it come from one table
+    (settings.SETTINGS; the proxy's: SERVE_SETTINGS): configs/default.py and configs/serve.py are built from them,
+    and the checks and resume rules read them."""
     keys = set(flatten(default.get_config().to_dict()))
-    assert keys - set(settings.SETTINGS) == set()
+    assert keys == set(settings.SETTINGS)
+    assert flatten(default.get_config().to_dict()) == {k: s.default for k, s in settings.SETTINGS.items()
+                                                       if not isinstance(s.default, settings.Placeholder)} | {
+        "reward.c_ref": None}
+    from configs import serve
+    assert set(flatten(serve.get_config().to_dict())) == set(settings.SERVE_SETTINGS)
+    assert not set(settings.SERVE_SETTINGS) & (set(settings.SETTINGS) - {"seed"})  # serve keys in the serve table
+    assert "port" in config_checks.RULES and settings.meaning("epsilon").startswith("per-turn exploration")
     assert {key for key, (test, _) in config_checks.RULES.items() if key in keys} == {
         key for key in keys if settings.SETTINGS[key].check is not settings.anything}
     assert run_identity.is_identity("loss.alpha", "mc", resuming=True)           # RUN
