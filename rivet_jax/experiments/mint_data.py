@@ -17,9 +17,9 @@ import numpy as np
 from rivet_jax.data.converters.mint import MintCorpus, convert_mint
 from rivet_jax.data.replay import reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_model_cards, write_episodes, write_model_cards
+from rivet_jax.deploy import task_bootstrap
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
-from rivet_jax.ope import bootstrap_counts
 
 __all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
            "fixed_ranking", "family_choice", "centre_of", "shrunk", "recentred", "task_floors", "task_centres",
@@ -337,8 +337,8 @@ def paired_intervals(data: MintData, routers: dict[str, Sequence[Callable[[str],
     every router), and the paired difference J(against) - J(router) on the same resamples, with its interval."""
     values = {name: per_task_returns(data, fns, lam, gamma) for name, fns in routers.items()}   # name -> (T,)
     tasks = len(data.split["test"])
-    counts = bootstrap_counts(np.arange(tasks), resamples, seed)                                 # (B, T)
-    draws = {name: counts @ v / tasks for name, v in values.items()}                            # name -> (B,)
+    resampled = task_bootstrap(np.stack(list(values.values()))[:, :, None], resamples, seed)[:, :, 0]  # (B, P)
+    draws = dict(zip(values, resampled.T))                                                      # name -> (B,)
     rows = []
     for name, v in values.items():
         low, high = np.percentile(draws[name], [2.5, 97.5])
