@@ -70,10 +70,11 @@ def best_checkpoints(rows: Sequence[dict]) -> list[bool]:
 def choose(rows: Sequence[dict], budget: float) -> tuple[int, bool]:
     """(index of the chosen row, whether it is within the budget): the most successful row whose cost interval's
     upper end is within `budget` (ties: the cheaper); none: the cheapest row, not within the budget."""
-    feasible = [i for i, r in enumerate(rows) if r["cost_hi"] <= budget]
+    by_cost = sorted(range(len(rows)), key=lambda i: rows[i]["cost"])  # the cheaper first: it wins a tie
+    feasible = [i for i in by_cost if rows[i]["cost_hi"] <= budget]
     if not feasible:
-        return min(range(len(rows)), key=lambda i: rows[i]["cost"]), False
-    return max(feasible, key=lambda i: (rows[i]["success"], -rows[i]["cost"])), True
+        return by_cost[0], False
+    return feasible[deploy.best([rows[i]["success"] for i in feasible])], True  # the one rule, on success
 
 
 def pareto(rows: Sequence[dict]) -> list[bool]:
