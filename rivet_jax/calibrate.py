@@ -30,8 +30,8 @@ from absl import logging
 
 from rivet_jax import deploy, evaluation, ope, plots, train
 from rivet_jax.config_checks import ConfigError
-from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import profile_logs
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_model_cards
 from rivet_jax.data.splits import MANIFEST
 from rivet_jax.encoders import embedding_store
@@ -44,11 +44,10 @@ from rivet_jax.settings import with_overrides
 from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
 
 
-def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, lam: float, gamma: float,
-                    c_ref: float) -> dict:
+def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, reward: Reward) -> dict:
     """Success, dollar cost and return J (Eqs. 1-2 at `lam`) per episode of rolled-out episodes, each with a 95%
     interval over tasks."""
-    per_task = deploy.per_task_values(episodes, lam, gamma, c_ref)[None]                       # (1, T, C)
+    per_task = deploy.per_task_values(episodes, reward)[None]                       # (1, T, C)
     draws = deploy.task_bootstrap(per_task, resamples, seed)                                    # (B, 1, C)
     out = {}
     for column, name in ((deploy.SUCCESS, "success"), (deploy.COST, "cost"), (deploy.J, "return")):
@@ -93,11 +92,10 @@ def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str)
     first = next(iter(routers.values()))
     policies = [RouterPolicy(router) for router in routers.values()] + [FixedModelPolicy(m) for m in sim.pool.names]
     rolled = evaluation.rollout_each(sim, policies, split, cal.rollouts, cal.seed)
-    rows = [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, lam,
-                                                              router.config.reward.gamma, router.c_ref)}
+    rows = [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, router.reward)}
             for ((lam, stage), router), episodes in zip(routers.items(), rolled)]
-    fixed = [{"model": m, **episode_summary(episodes, cal.resamples, cal.seed, float(config.reward.lam),
-                                            float(config.reward.gamma), first.c_ref)}
+    at_config = Reward(float(config.reward.lam), float(config.reward.gamma), first.c_ref)
+    fixed = [{"model": m, **episode_summary(episodes, cal.resamples, cal.seed, at_config)}
              for m, episodes in zip(sim.pool.names, rolled[len(routers):])]
     return rows, fixed
 
@@ -112,8 +110,8 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
     names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
     store = embedding_store(config, first.encoder, workdir)  # the states' vectors, from the workdir's one cache
-    held = deploy.held_out(validation, first.pool, store, first.config.max_state_tokens, 0.0, gamma, c_ref)
-    logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, 1.0, gamma, c_ref)}
+    held = deploy.held_out(validation, first.pool, store, first.config.max_state_tokens, Reward(0.0, gamma, c_ref))
+    logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))}
     requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
     targets = [deploy.one_hot(deploy.choices(r.scores_from_embeddings(held.h), held, r.commit), len(first.pool))
                for r in routers.values()]  # each router's choice at every state, from the cached vectors
@@ -173,8 +171,8 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     # as training's choice deploys on the same logs: A/B logs commit (RouteSim rolls switching out)
     commit = not simulated and deploy.commits(profile_logs(logged_splits(config, first_run)["train"],
                                                            read_model_cards(cards_path)), simulated)
-    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).with_choice(Choice(commit=commit))
-               for lam in lambdas for stage in stages}
+    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).with_choice(
+        Choice(commit=commit)) for lam in lambdas for stage in stages}
     logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
     if simulated:
@@ -210,21 +208,21 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
 def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated: bool) -> dict | None:
     """The chosen router against the best fixed model (of its training logs) and random on the test tasks; written
     to verdict.{md,json} in `workdir`. None on one's own logs without held-out test tasks."""
-    lam, gamma, cal = float(router.config.reward.lam), float(router.config.reward.gamma), config.calibrate
+    reward, cal = router.reward, config.calibrate
     splits = logged_splits(router.config, router_dir)  # the logs the run trained on (RouteSim: its corpus)
-    floor = deploy.fixed_floor(splits["train"], router.pool, lam, gamma, router.c_ref)
+    floor = deploy.fixed_floor(splits["train"], router.pool, reward)
     if simulated:
         result = judge_by_rollouts(make_routesim(config.sim), MAIN, RouterPolicy(router), router.pool, floor,
-                                   cal.rollouts, cal.seed + 1, lam, gamma, router.c_ref, cal.resamples)
+                                   cal.rollouts, cal.seed + 1, reward, cal.resamples)
     else:
         test = splits["test"]
         if not test:
             logging.info("calibrate: no held-out test tasks (config.data.holdout.test = 0): no verdict")
             return None
         store = embedding_store(config, router.encoder, workdir)
-        held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, lam, gamma, router.c_ref)
+        held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, reward)
         result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
-                               cal.resamples, cal.seed + 1, lam, gamma, router.c_ref)
+                               cal.resamples, cal.seed + 1, reward)
     write_verdict(workdir, result)
     return result
 

@@ -45,6 +45,7 @@ from rivet_jax import evaluation, ope
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import EmbeddingStore
@@ -119,9 +120,9 @@ class HeldOut:
         return np.concatenate([np.asarray(self.h, np.float64), np.ones((len(self.h), 1))], axis=1)
 
 
-def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, max_tokens: int, lam: float,
-             gamma: float, c_ref: float) -> HeldOut:
-    logs = ope.read_logs(episodes, pool, lam, gamma, c_ref)
+def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, max_tokens: int,
+             reward: Reward) -> HeldOut:
+    logs = ope.read_logs(episodes, pool, reward)
     texts = [serialize_state(e.task.prompt, e.turns[:t], store.encoder.count_tokens, max_tokens)
              for e in logs.episodes for t in range(len(e.turns))]
     previous = np.array([pool.index(e.turns[t - 1].model) if t else -1
@@ -269,24 +270,24 @@ def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: i
                      f"{f', {len(kept)} of them resampled: the best fixed model and those above it' if screen else ''})")
 
 
-def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, rollouts: int, seed: int, lam: float,
-                      gamma: float, c_ref: float, resamples: int) -> tuple[Estimates, list[list[Episode]]]:
+def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, rollouts: int, seed: int, reward: Reward,
+                      resamples: int) -> tuple[Estimates, list[list[Episode]]]:
     """Every policy rolled out `rollouts` times per task of `split`, exactly; also the episodes."""
     rolled = evaluation.rollout_each(env, list(policies.values()), split, rollouts, seed)
-    per_task = np.stack([per_task_values(episodes, lam, gamma, c_ref) for episodes in rolled])       # (P, T, C)
+    per_task = np.stack([per_task_values(episodes, reward) for episodes in rolled])       # (P, T, C)
     tasks = per_task.shape[1]
     estimates = Estimates(list(policies), per_task.mean(axis=1), task_bootstrap(per_task, resamples, seed),
                           "rollouts", tasks, f"{rollouts} rollout(s) of each of {tasks} {split} tasks")
     return estimates, rolled
 
 
-def per_task_values(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float) -> np.ndarray:
+def per_task_values(episodes: Sequence[Episode], reward: Reward) -> np.ndarray:
     """(T, C) each task's mean J (Eq. 2 at `lam`), success and dollar cost over its episodes, tasks sorted by id."""
     tasks = sorted({e.task.id for e in episodes})
     index = {t: i for i, t in enumerate(tasks)}
     totals, counts = np.zeros((len(tasks), 3)), np.zeros(len(tasks))
     for e in episodes:
-        totals[index[e.task.id]] += (evaluation.discounted_return(e, lam, gamma, c_ref), e.outcome,
+        totals[index[e.task.id]] += (evaluation.discounted_return(e, reward), e.outcome,
                                      sum(t.cost for t in e.turns))
         counts[index[e.task.id]] += 1
     return totals / counts[:, None]
@@ -352,10 +353,10 @@ class Scorer:
         return q if recentring is None else recentring(q)
 
 
-def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, lam: float, gamma: float, c_ref: float) -> np.ndarray:
+def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> np.ndarray:
     """(M,) each model's mean logged return as a fixed model on `episodes` (the training tasks'); a model never
     logged alone gets the lowest floor (never the best fixed model; recentred, it can still be chosen)."""
-    return floor_of(BestFixedRouter.fit(episodes, pool, lam, gamma, c_ref), pool)
+    return floor_of(BestFixedRouter.fit(episodes, pool, reward), pool)
 
 
 def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:

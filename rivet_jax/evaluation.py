@@ -13,12 +13,14 @@ from typing import Sequence
 
 import numpy as np
 
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode
 from rivet_jax.envs.base import Env, Policy, run_episodes
 
 
-def discounted_return(episode: Episode, lam: float, gamma: float, c_ref: float) -> float:
+def discounted_return(episode: Episode, reward: Reward) -> float:
     """G_1 of one episode (Eqs. 1-2)."""
+    lam, gamma, c_ref = reward
     rewards = [-lam * t.cost / c_ref for t in episode.turns]
     rewards[-1] += episode.outcome
     return float(sum(gamma**i * r for i, r in enumerate(rewards)))
@@ -46,11 +48,11 @@ def rollout_each(env: Env, policies: Sequence[Policy], split: str, rollouts: int
     return [episodes[p * len(runs):(p + 1) * len(runs)] for p in range(len(policies))]
 
 
-def episode_metrics(episodes: Sequence[Episode], lam: float, gamma: float, c_ref: float, rollouts: int = 1) -> dict:
+def episode_metrics(episodes: Sequence[Episode], reward: Reward, rollouts: int = 1) -> dict:
     """Accuracy, total cost per pass over the manifest, mean return, mean turns and switch rate."""
     return {"accuracy": float(np.mean([e.outcome for e in episodes])),
             "cost": float(sum(t.cost for e in episodes for t in e.turns) / rollouts),
-            "return": float(np.mean([discounted_return(e, lam, gamma, c_ref) for e in episodes])),
+            "return": float(np.mean([discounted_return(e, reward) for e in episodes])),
             "turns": float(np.mean([len(e.turns) for e in episodes])),
             "switch_rate": float(np.mean([len({t.model for t in e.turns}) > 1 for e in episodes]))}
 

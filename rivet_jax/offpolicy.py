@@ -56,9 +56,9 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
                         config.data.episodes)
         return {}
     episodes = training_episodes(config, workdir, read_episodes(episode_files, router.pool).episodes)
-    lam, gamma = config.reward.lam, config.reward.gamma
+    lam = config.reward.lam
     if not (everything and "baselines" in config):
-        return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, lam, gamma, router.c_ref)}
+        return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, router.reward)}
     store = embedding_store(config, router.encoder, workdir)
     return fit_baselines(config, episodes, router.pool, store, lam, router.c_ref)
 
@@ -104,7 +104,7 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     episodes = held_out_split(read_heldout(episodes_path, cards_path, router), workdir, split)
     config = router.config
     held = deploy.held_out(episodes, router.pool, embedding_store(config, router.encoder, workdir),
-                           config.max_state_tokens, config.reward.lam, config.reward.gamma, router.c_ref)
+                           config.max_state_tokens, router.reward)
     logs = held.logs
     policies = {MAIN: RouterPolicy(router), **log_baselines(router, workdir, baselines),
                 **reference_policies(router.pool)}
@@ -128,12 +128,11 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     """`verdict.judge_on_logs` of the router (recentred and committed as deployed) on the held-out episodes;
     written to <out>/verdict.{md,json}."""
     config = router.config
-    lam, gamma = float(config.reward.lam), float(config.reward.gamma)
     floor = deploy.floor_of(best_fixed, router.pool)
     store = embedding_store(config, router.encoder, workdir)
-    held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, lam, gamma, router.c_ref)
+    held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, router.reward)
     result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
-                           resamples, seed, lam, gamma, router.c_ref, split)
+                           resamples, seed, router.reward, split)
     write_verdict(out, result)
     return result
 

@@ -34,7 +34,7 @@ from absl import logging
 
 from rivet_jax import checkpointing, evaluation, sharding
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch
-from rivet_jax.data.replay import Batch, episode_rows, transition_batch
+from rivet_jax.data.replay import Batch, Reward, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
 from rivet_jax.engine import runs_per_step
@@ -74,13 +74,12 @@ def pad_rows_to(rows: Batch, length: int) -> Batch:
     return jax.tree.map(lambda x: np.concatenate([x, np.zeros((length - len(x), *x.shape[1:]), x.dtype)]), rows)
 
 
-def embedded_episode(episode, encoder: Encoder, max_tokens: int, pool, lam: float, gamma: float,
-                     c_ref: float) -> Batch:
+def embedded_episode(episode, encoder: Encoder, max_tokens: int, pool, reward: Reward) -> Batch:
     """One episode as replay rows (T transitions), embedded with the frozen encoder."""
     texts = episode_state_texts(episode.task.prompt, episode.turns, encoder.count_tokens, max_tokens)
     states = encoder.encode(texts)                                       # (T + 1, D)
     responses = encoder.encode([t.response for t in episode.turns])      # (T, D)
-    return transition_batch(episode_rows(episode, pool, lam, gamma, c_ref), states, responses)
+    return transition_batch(episode_rows(episode, pool, reward), states, responses)
 
 
 # ---------------------------------------------------------------------------------------------------- update
@@ -182,8 +181,8 @@ class OnlineRun:
     meta: dict
 
     def metrics(self, episodes) -> dict:
-        return evaluation.episode_metrics(episodes, self.config.reward.lam, self.config.reward.gamma,
-                                          self.prepared.c_ref, self.config.online.eval_rollouts)
+        return evaluation.episode_metrics(episodes, Reward.of(self.config, self.prepared.c_ref),
+                                          self.config.online.eval_rollouts)
 
     def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
         """The state and the filled rows of the new replay (the empty capacity is not written)."""
@@ -347,7 +346,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
         lengths = np.zeros(len(runs), np.int32)
         for r, episode in zip(active, episodes):
             rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
-                                    runs[r].config.reward.lam, runs[r].config.reward.gamma, first.c_ref)
+                                    Reward.of(runs[r].config, first.c_ref))
             c, i = chunks.where(r)
             chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
                                             jnp.int32(num_new[r]))

@@ -49,8 +49,8 @@ of the router's own state text (`serialize_state`), the intercept unpenalised, t
 episodes and then weakened tenfold (`choose_ridge` says why). Why linear and not the RIVET network with a TD loss:
 each round is one closed-form solve per model, deterministic (no seed, learning rate or stopping rule to tune
 against the truth), fits every channel and every target policy at once, and so can be refitted on every bootstrap
-resample. Its error is what the class cannot represent: on RouteSim (`experiments/ope_validation.py`, docs/offpolicy.md) it was
-the most accurate estimator on held-out logs, and optimistic for a router on the logs that router was trained on.
+resample. Its error is what the class cannot represent: on RouteSim (`experiments/ope_validation.py`,
+docs/offpolicy.md) it was the most accurate estimator on held-out logs, and optimistic for a router on the logs that router was trained on.
 Evaluate on held-out logs.
 """
 
@@ -63,7 +63,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from absl import logging
 
-from rivet_jax.data.replay import availability, turn_rewards
+from rivet_jax.data.replay import Reward, availability, turn_rewards
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder
@@ -93,8 +93,9 @@ class Logs:
         return self.row[:, 0]
 
 
-def read_logs(episodes: Sequence[Episode], pool: ModelPool, lam: float, gamma: float, c_ref: float) -> Logs:
+def read_logs(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> Logs:
     """Episodes (validated against `pool`) -> `Logs`, rewards at the given lambda, gamma and c_ref (Eq. 1)."""
+    lam, gamma, c_ref = reward
     if not episodes:
         raise ValueError("no episodes to evaluate on")
     lengths = np.array([len(e.turns) for e in episodes])
@@ -297,8 +298,8 @@ def choose_ridge(logs: Logs, features: np.ndarray, targets: np.ndarray, iteratio
     divided by `UNDERSMOOTH`. A fixed penalty is wrong somewhere (1e-2 suits 10^4 logged turns and overfits 300).
     The division: the penalty that best predicts single transitions (whose success rewards are coin flips) is too
     strong for what FQE reports, a mean of V over first states, where a weaker penalty's variance averages out and its
-    smaller shrinkage does not; on RouteSim (docs/offpolicy.md) the validated penalty was 0.1 on its 987 held-out episodes and 1
-    on 280, and a tenth of it gave the smaller errors against the exact values (mean absolute error of J over six
+    smaller shrinkage does not; on RouteSim (docs/offpolicy.md) the validated penalty was 0.1 on its 987 held-out
+    episodes and 1 on 280, and a tenth of it gave the smaller errors against the exact values (mean absolute error of J over six
     policies 0.023 against 0.036 on the 987; 0.033 against 0.042 over seven on the 280). Returns the penalty and every
     candidate's error."""
     fold = np.random.default_rng(seed).permutation(len(logs.episodes))[episode_of_rows(logs)] % folds   # (N,)

@@ -28,6 +28,7 @@ from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile, profile_logs
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
 from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
@@ -131,9 +132,9 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
                      splits: dict[str, list[Episode]], profile: LogsProfile, env: Env | None,
                      log: Callable[[str], None]) -> dict:
     pool, dc = prepared.pool, config.deploy
-    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), prepared.c_ref
+    lam, gamma, c_ref = reward = Reward(float(config.reward.lam), float(config.reward.gamma), prepared.c_ref)
     commit = deploy.commits(profile, env is not None)
-    floor = deploy.fixed_floor(splits["train"], pool, lam, gamma, c_ref)
+    floor = deploy.fixed_floor(splits["train"], pool, reward)
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
     rows = replay.state[first] if commit else replay.state                                          # (S,)
@@ -150,10 +151,9 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
     store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
-        estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, lam, gamma,
-                                                c_ref, dc.resamples)
+        estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward, dc.resamples)
     else:
-        held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
+        held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
         estimates = deploy.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
                                          dc.seed, screen_against=deploy.BEST_FIXED)
     chosen = candidates[deploy.choose(estimates, dc.require_gain)]
@@ -177,14 +177,14 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
           store: EmbeddingStore, floor: np.ndarray, log: Callable[[str], None]) -> dict:
     """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
     pool, dc = scorer.pool, config.deploy
-    lam, gamma, c_ref = float(config.reward.lam), float(config.reward.gamma), scorer.router(chosen).c_ref
+    reward = Reward(float(config.reward.lam), float(config.reward.gamma), scorer.router(chosen).c_ref)
     if env is not None:
         result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
-                                   floor, dc.rollouts, dc.seed + 1, lam, gamma, c_ref, dc.resamples)
+                                   floor, dc.rollouts, dc.seed + 1, reward, dc.resamples)
     elif splits["test"]:
-        held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, lam, gamma, c_ref)
+        held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
         result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h), held, pool, floor, scorer.commit,
-                               dc.resamples, dc.seed + 1, lam, gamma, c_ref)
+                               dc.resamples, dc.seed + 1, reward)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")
         return {"verdict": None, "verdict_text": ""}

@@ -32,6 +32,7 @@ import numpy as np
 
 from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features, placeholder_cards, with_new_cards
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn
 from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
 from rivet_jax.encoders import Encoder, make_encoder
@@ -243,6 +244,11 @@ class Router:
         router = copy.copy(self)
         router.choice = choice
         return router
+
+    @property
+    def reward(self) -> Reward:
+        """The reward it was trained for (Eqs. 1-2): its config's lambda and gamma, its c_ref."""
+        return Reward(float(self.config.reward.lam), float(self.config.reward.gamma), self.c_ref)
 
     @property
     def pessimism(self) -> float:

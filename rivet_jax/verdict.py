@@ -23,6 +23,7 @@ import numpy as np
 from rivet_jax import deploy, ope
 from rivet_jax.baselines.best_fixed import BestFixedRouter
 from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import ModelPool
 from rivet_jax.deploy import BEST_FIXED, CHANNELS, RANDOM, Estimates
 from rivet_jax.envs.base import Env, Policy, RandomPolicy
@@ -137,8 +138,7 @@ def write_verdict(directory: Path, result: dict) -> str:
 
 
 def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: ModelPool, floor: np.ndarray,
-                  commit: bool, resamples: int, seed: int, lam: float, gamma: float, c_ref: float,
-                  split: str = "held-out test") -> dict:
+                  commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test") -> dict:
     """The verdict of the router whose scores at the held-out logged states are `scores` (N, M), against the best
     fixed model of the training tasks (the best `floor`, (M,)) and random; committed routing (`commit`) is
     estimated exactly where the logs allow (`deploy.log_estimates`)."""
@@ -154,23 +154,22 @@ def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: Mod
     # the switch rate compares each choice with the router's own at the episode's previous logged state
     routing = routing_of(pool.names, picks, is_first, np.where(is_first, -1, np.roll(picks, 1)))
     return verdict(estimates, name, routing, pool.names[int(np.argmax(floor))], identical_fixed(pool.names, picks),
-                   {"lambda": lam, "gamma": gamma, "c_ref": c_ref, "split": split})
+                   {"lambda": reward.lam, "gamma": reward.gamma, "c_ref": reward.c_ref, "split": split})
 
 
 def judge_by_rollouts(env: Env, name: str, policy: Policy, pool: ModelPool, floor: np.ndarray, rollouts: int,
-                      seed: int, lam: float, gamma: float, c_ref: float, resamples: int, split: str = "test"
-                      ) -> dict:
+                      seed: int, reward: Reward, resamples: int, split: str = "test") -> dict:
     """The verdict of `policy` rolled out in `env` on `split`'s tasks against the best fixed model of the training
     tasks and random, rolled out alike."""
     policies = {name: policy, BEST_FIXED: BestFixedRouter(dict(zip(pool.names, floor.tolist()))),
                 RANDOM: RandomPolicy()}
     names = list(dict.fromkeys([name, BEST_FIXED, RANDOM]))
-    estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, lam,
-                                                 gamma, c_ref, resamples)
+    estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, reward,
+                                                 resamples)
     episodes = rolled[0]
     picks = np.array([pool.index(t.model) for e in episodes for t in e.turns])
     is_first = np.array([i == 0 for e in episodes for i in range(len(e.turns))])
     previous = np.array([pool.index(e.turns[i - 1].model) if i else -1 for e in episodes for i in range(len(e.turns))])
     routing = routing_of(pool.names, picks, is_first, previous)
     return verdict(estimates, name, routing, pool.names[int(np.argmax(floor))], identical_fixed(pool.names, picks),
-                   {"lambda": lam, "gamma": gamma, "c_ref": c_ref, "split": split})
+                   {"lambda": reward.lam, "gamma": reward.gamma, "c_ref": reward.c_ref, "split": split})

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 
 POOL = ModelPool(tuple(ModelCard(name, f"model {name}", context_length=8_000, price_in_per_mtok=1.0,
@@ -23,7 +24,7 @@ def test_ranks_models_by_mean_training_return():
                 episode(["c", "c"], [0.1, 0.1], 1, propensity=1 / 3)]                   # random: not a commitment
     # lam 0.5, c_ref 1, gamma 0.5: a single turn of cost 1 that succeeds returns 1 - 0.5; two turns of cost 1 that
     # fail return -0.5 - 0.5 * 0.5.
-    router = BestFixedRouter.fit(episodes, POOL, lam=0.5, gamma=0.5, c_ref=1.0)
+    router = BestFixedRouter.fit(episodes, POOL, reward=Reward(0.5, 0.5, 1.0))
     assert router.returns == pytest.approx({"a": (0.5 - 0.75) / 2, "b": (0.9 - 0.1) / 2})
     assert router.model == "b" and router.ranking == ["b", "a"]
     rng = np.random.default_rng(0)
@@ -35,7 +36,7 @@ def test_ranks_models_by_mean_training_return():
 
 def test_needs_a_committed_episode():
     with pytest.raises(ValueError, match="no logged episode committed to one model"):
-        BestFixedRouter.fit([episode(["a", "b"], [1.0, 1.0], 1, propensity=1 / 3)], POOL, 0.5, 1.0, 1.0)
+        BestFixedRouter.fit([episode(["a", "b"], [1.0, 1.0], 1, propensity=1 / 3)], POOL, Reward(0.5, 1.0, 1.0))
 
 
 def test_graded_outcomes_rank_by_mean_return():
@@ -44,6 +45,6 @@ def test_graded_outcomes_rank_by_mean_return():
     # mean 0.225.
     episodes = [episode(["a"], [1.0], 0.75), episode(["a"], [1.0], 0.25),
                 episode(["b"], [0.2], 0.4), episode(["b", "b"], [0.2, 0.2], 0.6)]
-    router = BestFixedRouter.fit(episodes, POOL, lam=0.5, gamma=0.5, c_ref=1.0)
+    router = BestFixedRouter.fit(episodes, POOL, reward=Reward(0.5, 0.5, 1.0))
     assert router.returns == pytest.approx({"a": 0.0, "b": 0.225})
     assert router.ranking == ["b", "a"]

@@ -19,7 +19,7 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax.baselines.mtrouter import MTRouter, mean_episode_cost, supervised_targets
-from rivet_jax.data.replay import build_replay
+from rivet_jax.data.replay import Reward, build_replay
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import EmbeddingStore, HashingEncoder
 from rivet_jax.envs import collect
@@ -119,8 +119,8 @@ def states():
 
 def test_targets_are_outcome_and_cost_to_go(corpus):
     encoder = HashingEncoder(dim=64)
-    replay = build_replay(corpus, POOL, count_tokens=encoder.count_tokens, max_tokens=16_384, lam=0.0, gamma=1.0,
-                          c_ref=1.0)
+    replay = build_replay(corpus, POOL, count_tokens=encoder.count_tokens, max_tokens=16_384,
+                          reward=Reward(0.0, 1.0, 1.0))
     outcome, cost_to_go = supervised_targets(corpus, replay)
     assert outcome.shape == cost_to_go.shape == (len(replay),)
     # an error episode cheap -> dear: two transitions, outcome 1 each, remaining cost 1 + 3 then 3

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax import deploy
 from rivet_jax.calibrate import best_checkpoints, choose, episode_summary, pareto
@@ -59,7 +60,7 @@ def test_episode_summary_averages_rollouts_within_a_task_first():
 
     # task a: 3 rollouts (success 2/3, cost 0.03 each); task b: 1 rollout (fail, cost 0.01)
     episodes = [episode("a", 1, 0.03, 0), episode("a", 1, 0.03, 1), episode("a", 0, 0.03, 2), episode("b", 0, 0.01, 0)]
-    summary = episode_summary(episodes, 200, 0, lam=0.5, gamma=1.0, c_ref=0.01)
+    summary = episode_summary(episodes, 200, 0, reward=Reward(0.5, 1.0, 0.01))
     assert summary["success"] == pytest.approx((2 / 3 + 0) / 2)
     assert summary["cost"] == pytest.approx((0.03 + 0.01) / 2)
     # J per episode: outcome - 0.5 x cost / 0.01: task a (1 - 1.5, 1 - 1.5, 0 - 1.5) -> -0.8333, task b -0.5

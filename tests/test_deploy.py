@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from rivet_jax.data.replay import Reward
 import rivet_jax
 
 from configs import default
@@ -81,7 +82,7 @@ def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
                 ("t2", "cat"): 0}
     episodes = [ab_episode(t, m, y, turns=1 + (m == "cat")) for (t, m), y in outcomes.items()]
     lam, gamma, c_ref = 1.0, 0.5, 0.01
-    logs = ope.read_logs(episodes, POOL, lam, gamma, c_ref)
+    logs = ope.read_logs(episodes, POOL, Reward(lam, gamma, c_ref))
     held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32),
                           np.array([-1 if t == 0 else logs.action[i - 1] for i, t in enumerate(
                               np.concatenate([np.arange(len(e.turns)) for e in episodes]))]))
@@ -226,9 +227,9 @@ def test_routesim_logs_through_the_own_logs_path_deploy_a_router_that_beats_the_
     sim = make_routesim(routesim_config.get_config().sim)
     lam, gamma, c_ref = router.config.reward.lam, router.config.reward.gamma, router.c_ref
     episodes = evaluation.rollout(sim, RouterPolicy(router), "test", 2, 1)
-    routed = evaluation.episode_metrics(episodes, lam, gamma, c_ref, 2)["return"]
+    routed = evaluation.episode_metrics(episodes, Reward(lam, gamma, c_ref), 2)["return"]
     best_fixed = sim.pool.index(json.loads((tmp_path / "deploy.json").read_text())["best_fixed_model"])
-    fixed = np.mean([oracle.solve(sim, task, lam, gamma, c_ref, best_fixed).stats.value  # its exact return
+    fixed = np.mean([oracle.solve(sim, task, Reward(lam, gamma, c_ref), best_fixed).stats.value  # its exact return
                      for task in sim.sim_tasks("test")])
     assert routed > fixed + 0.05
 

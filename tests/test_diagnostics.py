@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from rivet_jax.data.replay import Reward
 from rivet_jax.envs import oracle
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics
@@ -45,8 +46,8 @@ def test_q_star_at_first_states_is_the_exact_oracle_value(trained):
     tasks = sim.tasks(split)
     first = diagnostics.States([t.id for t in tasks], [t.prompt for t in tasks], [()] * len(tasks),
                                [sim.pool.names[0]] * len(tasks))
-    q = diagnostics.q_star(oracle.OraclePolicy(sim, lam, gamma, router.c_ref), first, sim.pool.names)
-    exact = oracle.policy_report(sim, split, lam, gamma, router.c_ref, oracle_only=True)["oracle"]["return"]
+    q = diagnostics.q_star(oracle.OraclePolicy(sim, Reward(lam, gamma, router.c_ref)), first, sim.pool.names)
+    exact = oracle.policy_report(sim, split, Reward(lam, gamma, router.c_ref), oracle_only=True)["oracle"]["return"]
     assert q.max(axis=1).mean() == pytest.approx(exact, rel=1e-9)
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
 from rivet_jax.envs.routesim import make_routesim
@@ -18,13 +19,13 @@ def sim():
 def test_discounted_return_by_hand():
     episode = Episode("e", Task("t", "p"), (Turn("a", "r", "f", 1, 1, 0.2), Turn("b", "r", "", 1, 1, 0.4)), 1)
     # r = [-0.5 * 0.2 / 0.1, -0.5 * 0.4 / 0.1 + 1] = [-1, -1]; J = -1 + 0.9 * -1
-    assert evaluation.discounted_return(episode, lam=0.5, gamma=0.9, c_ref=0.1) == pytest.approx(-1.9)
+    assert evaluation.discounted_return(episode, reward=Reward(0.5, 0.9, 0.1)) == pytest.approx(-1.9)
 
 
 def test_metrics_by_hand():
     a = Episode("a", Task("t", "p"), (Turn("x", "r", "f", 1, 1, 1.0), Turn("y", "r", "", 1, 1, 2.0)), 1)
     b = Episode("b", Task("t", "p"), (Turn("x", "r", "", 1, 1, 3.0),), 0)
-    m = evaluation.episode_metrics([a, b], lam=0.0, gamma=1.0, c_ref=1.0, rollouts=2)
+    m = evaluation.episode_metrics([a, b], reward=Reward(0.0, 1.0, 1.0), rollouts=2)
     assert m == {"accuracy": 0.5, "cost": 3.0, "return": 0.5, "turns": 1.5, "switch_rate": 0.5}
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation, offpolicy, ope
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs import collect
@@ -35,7 +36,7 @@ def always_a(logs: ope.Logs) -> np.ndarray:
 def test_per_decision_is_and_wis_by_hand():
     # lambda 1, c_ref 1, gamma 0.5: return rewards e1 (-0.1, 0.8), e2 (-0.1, -0.4), e3 (-0.3, 0.8), e4 (-0.3,).
     # Target: always a. Cumulative weights: e1 (2, 4), e2 (2, 0), e3 (0, 0), e4 (2, then kept at 2).
-    logs = ope.read_logs(hand_episodes(), POOL, lam=1.0, gamma=0.5, c_ref=1.0)
+    logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
     weights = ope.cumulative_weights(logs, always_a(logs))
     assert weights.tolist() == [[2, 4], [2, 0], [0, 0], [2, 2]]
     ones = np.ones((1, 4))  # one "resample": every episode once
@@ -49,7 +50,7 @@ def test_per_decision_is_and_wis_by_hand():
 
 def test_doubly_robust_by_hand():
     """With Q = c everywhere: e1 1.4 - 2c, e2 -0.2, e3 c, e4 -0.6 - c, so DR = (0.6 - 2c) / 4; c = 0 is IS."""
-    logs = ope.read_logs(hand_episodes(), POOL, lam=1.0, gamma=0.5, c_ref=1.0)
+    logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
     weights = ope.cumulative_weights(logs, always_a(logs))
     for c in (0.0, 0.3, -1.0):
         q = np.full((len(logs.action), 3), c)
@@ -59,7 +60,7 @@ def test_doubly_robust_by_hand():
 def test_fitted_q_evaluation_by_hand():
     """Features one-hot in the turn (a table), ridge ~0: Q(s1, a) = mean of the terminal rewards after a at turn 1
     (e1, e3: 0.8), Q(s0, a) = mean of r + 0.5 Q(s1, a) over e1, e2, e4: (0.3 + 0.3 - 0.3) / 3."""
-    logs = ope.read_logs(hand_episodes(), POOL, lam=1.0, gamma=0.5, c_ref=1.0)
+    logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
     turn = np.concatenate([np.arange(len(e.turns)) for e in logs.episodes])
     features = np.eye(2)[turn]
     fitted = ope.fit_fqe(logs, features, always_a(logs)[None], np.ones(len(turn)), ridge=1e-9, iterations=2)
@@ -85,7 +86,7 @@ def test_what_importance_sampling_refuses():
                      for e in episodes]
     for logs_of, said, defined in ((missing, "no propensities", False), (deterministic, "deterministically", False),
                                    (episodes[:2] + deterministic[2:], "the 2 of 4 episodes", True)):
-        logs = ope.read_logs(logs_of, POOL, lam=1.0, gamma=0.5, c_ref=1.0)
+        logs = ope.read_logs(logs_of, POOL, reward=Reward(1.0, 0.5, 1.0))
         result = ope.evaluate(logs, {"a": always_a(logs)}, np.ones((len(logs.action), 1)), resamples=5)
         assert said in result["support"]
         rows = {r["estimator"]: r for r in result["rows"]}
@@ -100,7 +101,7 @@ def test_a_stochastic_target_must_be_the_random_router():
         def act(self, task, history, available, rng):
             return available[0], 0.5
 
-    logs = ope.read_logs(hand_episodes(), POOL, lam=1.0, gamma=0.5, c_ref=1.0)
+    logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
     requests = ope.state_requests(logs, POOL)
     with pytest.raises(ValueError, match="deterministic"):
         ope.target_distribution(Coin(), requests, POOL)
@@ -153,7 +154,7 @@ def test_estimators_converge_to_the_truth_of_a_two_turn_problem():
     estimator that ignored the weights would be off by up to 0.3), and most 95% intervals of J cover the truth (the
     estimators share the episodes, so their misses come together: other seeds miss up to 2 of the 15)."""
     gamma = 0.9
-    logs = ope.read_logs(two_turn_episodes(5000, seed=3), POOL, lam=1.0, gamma=gamma, c_ref=1.0)
+    logs = ope.read_logs(two_turn_episodes(5000, seed=3), POOL, reward=Reward(1.0, gamma, 1.0))
     requests = ope.state_requests(logs, POOL)
     policies = {"b": FixedModelPolicy("b"), "a-then-b": AThenB(), "uniform": RandomPolicy()}
     truths = {"b": two_turn_truth({"b": 1}, {"b": 1}, gamma), "a-then-b": two_turn_truth({"a": 1}, {"b": 1}, gamma),
@@ -178,10 +179,10 @@ def routesim_logs():
     sim = make_routesim(routesim_config.get_config().sim)
     episodes = collect.collect_corpus(sim, "train", seed=0, num_tasks=40)
     lam, gamma, c_ref = 0.05, 0.99, 0.002
-    truth = {f"fixed:{m}": ope_validation.exact_truth(sim, episodes, k, lam, gamma, c_ref)
+    truth = {f"fixed:{m}": ope_validation.exact_truth(sim, episodes, k, Reward(lam, gamma, c_ref))
              for k, m in enumerate(sim.pool.names)}
-    truth["random"] = ope_validation.exact_truth(sim, episodes, "random", lam, gamma, c_ref)
-    logs = ope.read_logs(episodes, sim.pool, lam, gamma, c_ref)
+    truth["random"] = ope_validation.exact_truth(sim, episodes, "random", Reward(lam, gamma, c_ref))
+    logs = ope.read_logs(episodes, sim.pool, Reward(lam, gamma, c_ref))
     targets = offpolicy.targets_of(offpolicy.reference_policies(sim.pool), logs, sim.pool)
     features = ope.state_features(logs, HashingEncoder(256), 16_384)
     return episodes, truth, ope.evaluate(logs, targets, features, resamples=40, seed=0)
@@ -193,7 +194,8 @@ def test_estimates_against_routesim_truth(routesim_logs):
     assert (result["episodes"], result["supported"]) == (280, 40) and "mixture" in result["support"]
     rows = {(r["policy"], r["estimator"]): r for r in result["rows"]}
     # the random router's own episodes have weight 1 for it at every turn: IS and WIS are their mean return
-    own = [evaluation.discounted_return(e, 0.05, 0.99, 0.002) for e in episodes if e.episode_id.startswith("random")]
+    own = [evaluation.discounted_return(e, Reward(0.05, 0.99, 0.002)) for e in episodes
+           if e.episode_id.startswith("random")]
     assert rows["random", "IS"]["return"] == pytest.approx(np.mean(own)) == rows["random", "WIS"]["return"]
     # a fixed model's IS rests on the random episodes that happened to call it at every turn: hardly any
     assert all(rows[p, "IS"]["followed"] <= 2 for p in truth if p != "random")
@@ -260,7 +262,7 @@ def test_fqe_is_linear_in_lambda_so_two_fits_give_every_lambda():
     episodes = two_turn_episodes(300, seed=5)
     fits = {}
     for lam in (0.0, 1.0, 0.3):
-        logs = ope.read_logs(episodes, POOL, lam=lam, gamma=0.9, c_ref=1.0)
+        logs = ope.read_logs(episodes, POOL, reward=Reward(lam, 0.9, 1.0))
         turn = np.concatenate([np.arange(len(e.turns)) for e in logs.episodes])
         targets = {"b": ope.target_distribution(FixedModelPolicy("b"), ope.state_requests(logs, POOL), POOL)}
         fits[lam] = ope.evaluate(logs, targets, np.eye(2)[turn], resamples=20, ridge=0.1, keep_draws=True)

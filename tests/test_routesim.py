@@ -6,7 +6,7 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation
-from rivet_jax.data.replay import reference_cost
+from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.envs import collect, oracle
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
@@ -32,7 +32,7 @@ def c_ref(corpus):
 
 @pytest.fixture(scope="module")
 def report(sim, c_ref):
-    return oracle.policy_report(sim, "test", LAM, GAMMA, c_ref)
+    return oracle.policy_report(sim, "test", Reward(LAM, GAMMA, c_ref))
 
 
 def test_manifests_match_the_paper(sim):
@@ -73,7 +73,7 @@ def test_property_2_switching_pays(sim, report):
 
 @pytest.mark.slow
 def test_property_3_responses_resolve_return_variance(sim, corpus, c_ref):
-    share = oracle.response_resolved_share(sim, corpus, LAM, GAMMA, c_ref)
+    share = oracle.response_resolved_share(sim, corpus, Reward(LAM, GAMMA, c_ref))
     assert share["share"] >= 0.2
     assert 0 < share["var_delta"] < share["var_y"]
 
@@ -145,12 +145,12 @@ def test_dp_matches_rollouts_in_the_environment(sim, policy):
     """The DP's exact expectations agree with Monte Carlo rollouts of the same policy in the environment."""
     c_ref = 0.002
     task = sim.sim_tasks("test")[50]
-    exact = oracle.solve(sim, task, LAM, GAMMA, c_ref, policy).stats
-    runner = {"oracle": oracle.OraclePolicy(sim, LAM, GAMMA, c_ref), "random": RandomPolicy()}.get(
+    exact = oracle.solve(sim, task, Reward(LAM, GAMMA, c_ref), policy).stats
+    runner = {"oracle": oracle.OraclePolicy(sim, Reward(LAM, GAMMA, c_ref)), "random": RandomPolicy()}.get(
         policy) or FixedModelPolicy(sim.pool.names[policy])
     n = 1500
     episodes = [run_episode(sim, task.task.id, runner, np.random.default_rng([11, i]), f"e{i}") for i in range(n)]
-    returns = np.array([evaluation.discounted_return(e, LAM, GAMMA, c_ref) for e in episodes])
+    returns = np.array([evaluation.discounted_return(e, Reward(LAM, GAMMA, c_ref)) for e in episodes])
     success = np.array([e.outcome for e in episodes])
     turns = np.array([len(e.turns) for e in episodes])
     switched = np.array([len({t.model for t in e.turns}) > 1 for e in episodes])
@@ -163,7 +163,7 @@ def test_dp_matches_rollouts_in_the_environment(sim, policy):
 def test_oracle_respects_availability(sim):
     task = sim.sim_tasks("test")[10]
     names = sim.pool.names
-    policy = oracle.OraclePolicy(sim, LAM, GAMMA, 0.002)
+    policy = oracle.OraclePolicy(sim, Reward(LAM, GAMMA, 0.002))
     available = names[2:4]
     q = policy.q_values(task.task.id, (), available)
     assert np.isneginf(q[[0, 1, 4, 5]]).all() and np.isfinite(q[[2, 3]]).all()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rivet_jax.data.replay import build_replay, reference_cost
+from rivet_jax.data.replay import Reward, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.data.serialize import episode_state_texts, serialize_state
 from rivet_jax.envs.collect import demo_corpus
@@ -59,7 +59,7 @@ def test_build_replay_rewards_returns_and_indices():
     pool = sim.pool
     c_ref = reference_cost(episodes)
     assert c_ref == pytest.approx(np.mean([t.cost for e in episodes for t in e.turns]))
-    replay = build_replay(episodes, pool, count_tokens=words, max_tokens=16_384, lam=0.05, gamma=0.99, c_ref=c_ref)
+    replay = build_replay(episodes, pool, count_tokens=words, max_tokens=16_384, reward=Reward(0.05, 0.99, c_ref))
     assert len(replay) == sum(len(e.turns) for e in episodes)
     row = 0
     for e_idx, episode in enumerate(episodes):
@@ -93,7 +93,7 @@ def test_graded_outcome_is_paid_on_the_last_turn():
     costs = (0.1, 0.3, 0.2)
     turns = tuple(Turn("m-a", f"r{i}", f"f{i}", 1, 1, cost) for i, cost in enumerate(costs))
     replay = build_replay([Episode("e", Task("t", "p"), turns, 0.25)], pool, count_tokens=words, max_tokens=100,
-                          lam=0.5, gamma=0.5, c_ref=0.2)
+                          reward=Reward(0.5, 0.5, 0.2))
     np.testing.assert_allclose(replay.reward, [-0.25, -0.75, -0.25], rtol=1e-6)
     np.testing.assert_allclose(replay.mc_return, [-0.6875, -0.875, -0.25], rtol=1e-6)
     np.testing.assert_array_equal(replay.done, [0, 0, 1])
@@ -105,7 +105,7 @@ def test_availability_masks():
     episode = Episode("e", Task("t", "p"), (
         Turn("coder-m", "r", "f", 1, 1, 0.1, available=("coder-m", "sage-s")),
         Turn("sage-s", "r2", "", 1, 1, 0.1)), 1)
-    replay = build_replay([episode], pool, count_tokens=words, max_tokens=100, lam=0.05, gamma=0.99, c_ref=0.1)
+    replay = build_replay([episode], pool, count_tokens=words, max_tokens=100, reward=Reward(0.05, 0.99, 0.1))
     np.testing.assert_array_equal(replay.available[0], [n in ("coder-m", "sage-s") for n in pool.names])
     np.testing.assert_array_equal(replay.next_available[0], [True] * len(pool))
     np.testing.assert_array_equal(replay.available[1], [True] * len(pool))
@@ -135,13 +135,12 @@ def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
 
     sim, episodes = demo_corpus(2, seed=5)
     lam, gamma, c_ref = 0.05, 0.99, 0.01
-    replay = build_replay(episodes, sim.pool, count_tokens=words, max_tokens=16_384, lam=lam, gamma=gamma,
-                          c_ref=c_ref)
+    replay = build_replay(episodes, sim.pool, count_tokens=words, max_tokens=16_384, reward=Reward(lam, gamma, c_ref))
     encoder = HashingEncoder(dim=16)
     table = encoder.encode(list(replay.texts))
     start = 0
     for episode in episodes:
-        rows = episode_rows(episode, sim.pool, lam, gamma, c_ref)
+        rows = episode_rows(episode, sim.pool, Reward(lam, gamma, c_ref))
         states = encoder.encode(episode_state_texts(episode.task.prompt, episode.turns, words))   # (T + 1, D)
         batch = transition_batch(rows, states, encoder.encode([t.response for t in episode.turns]))
         span = slice(start, start + len(episode.turns))

@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from rivet_jax.baselines.single_turn_base import is_single_model
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelPool, Task
 from rivet_jax.evaluation import discounted_return
 
@@ -30,12 +31,11 @@ class BestFixedRouter:
         self.ranking = sorted(self.returns, key=lambda m: -self.returns[m])
 
     @classmethod
-    def fit(cls, episodes: Sequence[Episode], pool: ModelPool, lam: float, gamma: float,
-            c_ref: float) -> "BestFixedRouter":
+    def fit(cls, episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> "BestFixedRouter":
         by_model = defaultdict(list)
         for episode in episodes:
             if is_single_model(episode):
-                by_model[episode.turns[0].model].append(discounted_return(episode, lam, gamma, c_ref))
+                by_model[episode.turns[0].model].append(discounted_return(episode, reward))
         if not by_model:
             raise ValueError("no logged episode committed to one model: the best fixed model cannot be estimated")
         return cls({m: float(np.mean(by_model[m])) for m in pool.names if m in by_model})

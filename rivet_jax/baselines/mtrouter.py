@@ -33,7 +33,7 @@ import optax
 
 from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features, with_new_cards
-from rivet_jax.data.replay import Replay, build_replay, reference_cost
+from rivet_jax.data.replay import Replay, Reward, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task
 from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize_state
 from rivet_jax.encoders import EmbeddingStore, Encoder
@@ -151,8 +151,8 @@ def make_fit_epoch(net: MTRouterNet, tx, batch_size: int):
 def _fit_data(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, count_tokens: TokenCounter,
               max_tokens: int) -> tuple[FitData, float]:
     # The replay is used for its state texts, text table and actions only; its rewards are RIVET's and unused.
-    replay = build_replay(episodes, pool, count_tokens=count_tokens, max_tokens=max_tokens, lam=0.0, gamma=1.0,
-                          c_ref=1.0)
+    replay = build_replay(episodes, pool, count_tokens=count_tokens, max_tokens=max_tokens,
+                          reward=Reward(0.0, 1.0, 1.0))
     outcome, cost_to_go = supervised_targets(episodes, replay)
     scale = mean_episode_cost(episodes)
     # Embed only what the estimators read (states and cards), not the responses.

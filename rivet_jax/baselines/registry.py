@@ -8,6 +8,7 @@ from typing import Sequence
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
 from rivet_jax.baselines.mtrouter import MTRouter
 from rivet_jax.baselines.single_turn import ClusterRouter, ContrastiveRouter, KNNRouter, MatrixFactorizationRouter
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.envs.base import Policy
@@ -20,7 +21,7 @@ def fit_baselines(config, episodes: Sequence[Episode], pool: ModelPool, store: E
     b = config.baselines
     encoder = store.encoder
     return {
-        BEST_FIXED: BestFixedRouter.fit(episodes, pool, lam, config.reward.gamma, c_ref),
+        BEST_FIXED: BestFixedRouter.fit(episodes, pool, Reward(lam, config.reward.gamma, c_ref)),
         "MTRouter": MTRouter.fit(episodes, pool, store, lam=lam, count_tokens=encoder.count_tokens,
                                  max_tokens=config.max_state_tokens, epochs=b.mtrouter_epochs, seed=config.seed,
                                  c_ref=c_ref),

@@ -125,13 +125,27 @@ def availability(names: Sequence[str] | None, pool: ModelPool) -> np.ndarray:
     return mask
 
 
-def episode_rows(episode: Episode, pool: ModelPool, lam: float, gamma: float, c_ref: float) -> dict[str, np.ndarray]:
+class Reward(NamedTuple):
+    """The constants of Eqs. 1-2, passed as one value: r_t = -lam c_t / c_ref + d_t y, G_t = sum_k gamma^k r_{t+k}."""
+
+    lam: float     # lambda, the cost weight
+    gamma: float   # the discount
+    c_ref: float   # the cost unit (the training corpus' mean per-turn cost unless configured)
+
+    @classmethod
+    def of(cls, config, c_ref: float) -> "Reward":
+        """A run's reward: its config's lambda and gamma (`config.reward`) with its c_ref."""
+        return cls(config.reward.lam, config.reward.gamma, c_ref)
+
+
+def episode_rows(episode: Episode, pool: ModelPool, reward: Reward) -> dict[str, np.ndarray]:
     """One validated episode's T transitions: the numeric columns of the replay, rewards and returns in float64.
 
     action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t ·
     available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn) ·
     stochastic (T,) 1 where the logged choice was a draw (propensity < 1: a random router, an exploring policy).
     """
+    lam, gamma, c_ref = reward
     turns = episode.turns
     rewards = turn_rewards(np.array([t.cost for t in turns]), episode.outcome, lam, c_ref)
     masks = np.stack([availability(t.available, pool) for t in turns] + [availability(None, pool)])  # (T + 1, M)
@@ -177,9 +191,7 @@ def build_replay(
     *,
     count_tokens: TokenCounter,
     max_tokens: int,
-    lam: float,
-    gamma: float,
-    c_ref: float,
+    reward: Reward,
 ) -> Replay:
     """Flattens episodes into transitions. Episodes must already be validated against `pool`."""
     if not episodes:
@@ -194,7 +206,7 @@ def build_replay(
         columns["next_state"].append(states[1:])
         columns["response"].append([table.add(turn.response) for turn in episode.turns])
         columns["episode"].append([e_idx] * len(episode.turns))
-        rows = episode_rows(episode, pool, lam, gamma, c_ref)
+        rows = episode_rows(episode, pool, reward)
         for k in _ROW_COLUMNS:
             columns[k].append(rows[k])
     arrays = {k: np.concatenate([np.asarray(c) for c in v]) for k, v in columns.items()}

@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from rivet_jax.data.replay import Reward
 from rivet_jax.envs.routesim import (OUTCOMES, SKILLS, VARIANTS, RouteSim, SimState, SimTask, render_response,
                                      respond)
 
@@ -82,11 +83,12 @@ class Solution:
     block: int                        # tokens per grid unit of c
 
 
-def solve(sim: RouteSim, sim_task: SimTask, lam: float, gamma: float, c_ref: float, policy: str | int,
+def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
           available: Sequence[bool] | None = None, second_moment: bool = False,
           task_branches: Branches | None = None) -> Solution:
     """Backward DP for one task. `policy`: 'oracle', 'random', or a model index (fixed model). `task_branches`:
     `branches(sim, sim_task)`, when the caller solves the task for several policies (they depend on the task only)."""
+    lam, gamma, c_ref = reward
     full = br = branches(sim, sim_task) if task_branches is None else task_branches
     num_models = br.prob.shape[2]
     mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
@@ -176,7 +178,7 @@ def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) ->
 # --------------------------------------------------------------------------------------- aggregate reports
 
 
-def policy_report(sim: RouteSim, split: str, lam: float, gamma: float, c_ref: float,
+def policy_report(sim: RouteSim, split: str, reward: Reward,
                   available: Sequence[bool] | None = None, oracle_only: bool = False) -> dict[str, dict[str, float]]:
     """Exact accuracy, total cost (dollars, summed over the split's tasks), mean return, turns and switch rate
     of the oracle, every available fixed model and the random router on `split` (`oracle_only`: the oracle's)."""
@@ -187,7 +189,7 @@ def policy_report(sim: RouteSim, split: str, lam: float, gamma: float, c_ref: fl
     per_task = [branches(sim, t) for t in tasks]
     report = {}
     for name, policy in policies.items():
-        stats = [solve(sim, t, lam, gamma, c_ref, policy, available=mask, task_branches=b).stats
+        stats = [solve(sim, t, reward, policy, available=mask, task_branches=b).stats
                  for t, b in zip(tasks, per_task)]
         report[name] = {"accuracy": float(np.mean([s.success for s in stats])),
                         "cost": float(np.sum([s.cost for s in stats])),
@@ -223,7 +225,7 @@ def behaviour_policy(episode, pool_names: Sequence[str]) -> str | int:
     raise ValueError(f"episode {episode.episode_id}: behaviour policy is neither a fixed model nor uniform random")
 
 
-def response_resolved_share(sim: RouteSim, episodes, lam: float, gamma: float, c_ref: float) -> dict[str, float]:
+def response_resolved_share(sim: RouteSim, episodes, reward: Reward) -> dict[str, float]:
     """Var(Delta | X) / Var(Y | X) of Proposition 4.1, exactly, over the logged transitions X = (s_t, m_t).
 
     Y is the Monte Carlo return G_t under the episode's own behaviour policy; the response O_t determines the
@@ -237,12 +239,12 @@ def response_resolved_share(sim: RouteSim, episodes, lam: float, gamma: float, c
         policy = behaviour_policy(episode, sim.pool.names)
         key = (sim_task.task.id, policy)
         if key not in cache:
-            cache[key] = solve(sim, sim_task, lam, gamma, c_ref, policy, second_moment=True)
+            cache[key] = solve(sim, sim_task, reward, policy, second_moment=True)
         solution = cache[key]
         state = sim.reset(sim_task.task.id)
         for t, turn in enumerate(episode.turns):
             m = sim.pool.index(turn.model)
-            given_o = _branch_returns(solution, sim, state, m, t, lam, gamma, c_ref)  # (B, 3): p, E[Y|O], E[Y^2|O]
+            given_o = _branch_returns(solution, sim, state, m, t, reward)  # (B, 3): p, E[Y|O], E[Y^2|O]
             p, mean_o, second_o = given_o.T
             mean = float(np.sum(p * mean_o))
             resolved += float(np.sum(p * mean_o**2)) - mean**2
@@ -251,10 +253,10 @@ def response_resolved_share(sim: RouteSim, episodes, lam: float, gamma: float, c
     return {"share": resolved / total if total > 0 else float("nan"), "var_delta": resolved, "var_y": total}
 
 
-def _branch_returns(solution: Solution, sim: RouteSim, state, m: int, t: int, lam: float, gamma: float,
-                    c_ref: float) -> np.ndarray:
+def _branch_returns(solution: Solution, sim: RouteSim, state, m: int, t: int, reward: Reward) -> np.ndarray:
     """Per branch when model m acts in `state` at turn t and `solution`'s policy continues: (probability,
     E[Y | branch], E[Y^2 | branch]); the last column is 0 when the solution has no second moments."""
+    lam, gamma, c_ref = reward
     br = solution.branches
     k, w, c = state.step, state.wrong_proposals, state.context_tokens
     rows = []
@@ -285,8 +287,8 @@ class OraclePolicy:
     """The optimal router as a policy: reads the hidden state (which a real router cannot) and takes the argmax of
     the exact Q at it, over the available models."""
 
-    def __init__(self, sim: RouteSim, lam: float, gamma: float, c_ref: float, name: str = "oracle"):
-        self.sim, self.lam, self.gamma, self.c_ref, self.name = sim, lam, gamma, c_ref, name
+    def __init__(self, sim: RouteSim, reward: Reward, name: str = "oracle"):
+        self.sim, self.reward, self.name = sim, reward, name
         self._solutions: dict[tuple[str, tuple[bool, ...]], Solution] = {}
 
     def q_values(self, task_id: str, history, available) -> np.ndarray:
@@ -294,13 +296,12 @@ class OraclePolicy:
         mask = tuple(name in available for name in self.sim.pool.names)
         key = (task_id, mask)
         if key not in self._solutions:
-            self._solutions[key] = solve(self.sim, self.sim.sim_task(task_id), self.lam, self.gamma, self.c_ref,
+            self._solutions[key] = solve(self.sim, self.sim.sim_task(task_id), self.reward,
                                          "oracle", available=mask)
         state = hidden_state(self.sim, task_id, history)
         q = np.full(len(mask), -np.inf)
         for m in np.flatnonzero(mask):
-            p, mean, _ = _branch_returns(self._solutions[key], self.sim, state, m, len(history), self.lam,
-                                         self.gamma, self.c_ref).T
+            p, mean, _ = _branch_returns(self._solutions[key], self.sim, state, m, len(history), self.reward).T
             q[m] = float(np.sum(p * mean))
         return q
 

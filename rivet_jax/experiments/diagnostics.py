@@ -33,6 +33,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rivet_jax import checkpointing, evaluation, plots
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Turn, read_episodes
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs.base import RouterPolicy
@@ -117,9 +118,9 @@ def diagnose(sim: RouteSim, routers: Sequence[tuple[dict, Router]], logged: Sequ
     oracles: dict[tuple, tuple[OraclePolicy, np.ndarray]] = {}
     rows = []
     for label, router in routers:
-        key = (router.config.reward.lam, router.config.reward.gamma, router.c_ref)
+        key = Reward.of(router.config, router.c_ref)
         if key not in oracles:
-            oracle = OraclePolicy(sim, *key)
+            oracle = OraclePolicy(sim, key)
             oracles[key] = oracle, q_star(oracle, sampled, names)
         oracle, logged_q_star = oracles[key]
         visited = states_of(evaluation.rollout(sim, RouterPolicy(router), split, rollouts, seed))

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from rivet_jax import evaluation
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy
@@ -71,7 +72,7 @@ class Evaluator:
             self.traces.setdefault(record, []).extend(episodes)
         if self.progress is not None:
             self.progress.step()
-        return evaluation.episode_metrics(episodes, lam, self.config.reward.gamma, self.c_ref,
+        return evaluation.episode_metrics(episodes, Reward(lam, self.config.reward.gamma, self.c_ref),
                                           self.config.evaluate.rollouts_per_task)
 
     def exact(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
@@ -87,7 +88,7 @@ class Evaluator:
         key = (split, lam, mask)
         if key in self._exact and (oracle_only or "random" in self._exact[key]):
             return self._exact[key]
-        self._exact[key] = oracle.policy_report(self.sim, split, lam, self.config.reward.gamma, self.c_ref,
+        self._exact[key] = oracle.policy_report(self.sim, split, Reward(lam, self.config.reward.gamma, self.c_ref),
                                                 available=mask, oracle_only=oracle_only)
         return self._exact[key]
 

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from rivet_jax.data.converters.mint import MintCorpus, convert_mint
-from rivet_jax.data.replay import reference_cost
+from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.deploy import task_bootstrap
 from rivet_jax.evaluation import discounted_return
@@ -104,7 +104,7 @@ class MintData:
     def episode_return(self, task_id: str, model: str, lam: float, gamma: float) -> float:
         """J (Eq. 2) of committing to `model` on the task: its logged episode's, 0 for a call that failed."""
         episode = self.logged.get((task_id, model))
-        return 0.0 if episode is None else discounted_return(episode, lam, gamma, self.c_ref)
+        return 0.0 if episode is None else discounted_return(episode, Reward(lam, gamma, self.c_ref))
 
     def mask(self, task_ids: Sequence[str], names: Sequence[str]) -> np.ndarray:
         """(T, M) bool: which of `names` are available on each task."""

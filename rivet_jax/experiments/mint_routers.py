@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rivet_jax.data.replay import episode_rows
+from rivet_jax.data.replay import Reward, episode_rows
 from rivet_jax.deploy import best
 from rivet_jax.data.schema import Episode
 from rivet_jax.encoders import EmbeddingStore, Encoder
@@ -100,7 +100,7 @@ def value_error(router: Router, episodes: Sequence[Episode], gamma: float, store
     """
     texts, actions, returns = [], [], []
     for episode in episodes:
-        rows = episode_rows(episode, router.pool, router.config.reward.lam, gamma, router.c_ref)
+        rows = episode_rows(episode, router.pool, Reward(router.config.reward.lam, gamma, router.c_ref))
         returns.append(rows["mc_return"])
         actions.append(rows["action"])
         texts += [router.state_text(episode.task.prompt, episode.turns[:t]) for t in range(len(episode.turns))]

@@ -27,6 +27,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import evaluation, ope, train
+from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes
 from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
@@ -41,11 +42,10 @@ ORACLE = "oracle"
 CHANNELS = {"return": "value", "success": "success", "cost": "cost"}  # ope channel -> oracle.PolicyStats field
 
 
-def exact_truth(sim: RouteSim, episodes: list[Episode], policy: str | int, lam: float, gamma: float,
-                c_ref: float) -> dict:
+def exact_truth(sim: RouteSim, episodes: list[Episode], policy: str | int, reward: Reward) -> dict:
     """The policy's exact J, success and cost from the first turn (DP), averaged over the logs' episodes' tasks."""
     tasks = Counter(e.task.id for e in episodes)
-    stats = {task: oracle.solve(sim, sim.sim_task(task), lam, gamma, c_ref, policy).stats for task in tasks}
+    stats = {task: oracle.solve(sim, sim.sim_task(task), reward, policy).stats for task in tasks}
     return {channel: sum(n * getattr(stats[t], field) for t, n in tasks.items()) / len(episodes)
             for channel, field in CHANNELS.items()}
 
@@ -59,8 +59,8 @@ def rollout_truth(sim: RouteSim, router: Router, episodes: list[Episode], rollou
     rolled = run_episodes(sim, [ids[i] for _, i in runs], RouterPolicy(router),
                           [np.random.default_rng([seed, r, i]) for r, i in runs],
                           [f"rivet/{ids[i]}/{r}" for r, i in runs])
-    reward = router.config.reward
-    values = {"return": [evaluation.discounted_return(e, reward.lam, reward.gamma, router.c_ref) for e in rolled],
+    reward = Reward.of(router.config, router.c_ref)
+    values = {"return": [evaluation.discounted_return(e, reward) for e in rolled],
               "success": [float(e.outcome) for e in rolled], "cost": [sum(t.cost for t in e.turns) for e in rolled]}
     weight = np.array([tasks[ids[i]] for _, i in runs], float)
     weight /= weight.sum()
@@ -88,14 +88,12 @@ def validate_logs(config: ml_collections.ConfigDict, sim: RouteSim, router: Rout
                   name: str) -> dict:
     """Every estimate of the nine policies on one set of logs, with the truth and coverage per channel."""
     started = time.perf_counter()
-    reward, ope_config = router.config.reward, config.ope
-    lam, gamma, c_ref = reward.lam, reward.gamma, router.c_ref
-    logs = ope.read_logs(episodes, sim.pool, lam, gamma, c_ref)
-    policies = {**reference_policies(sim.pool), ORACLE: oracle.OraclePolicy(sim, lam, gamma, c_ref),
-                RIVET: RouterPolicy(router)}
-    truth = {f"fixed:{m}": exact_truth(sim, episodes, k, lam, gamma, c_ref) for k, m in enumerate(sim.pool.names)}
-    truth[RANDOM] = exact_truth(sim, episodes, "random", lam, gamma, c_ref)
-    truth[ORACLE] = exact_truth(sim, episodes, "oracle", lam, gamma, c_ref)
+    reward, ope_config = Reward.of(router.config, router.c_ref), config.ope
+    logs = ope.read_logs(episodes, sim.pool, reward)
+    policies = {**reference_policies(sim.pool), ORACLE: oracle.OraclePolicy(sim, reward), RIVET: RouterPolicy(router)}
+    truth = {f"fixed:{m}": exact_truth(sim, episodes, k, reward) for k, m in enumerate(sim.pool.names)}
+    truth[RANDOM] = exact_truth(sim, episodes, "random", reward)
+    truth[ORACLE] = exact_truth(sim, episodes, "oracle", reward)
     truth[RIVET] = rollout_truth(sim, router, episodes, ope_config.rollouts, ope_config.rollout_seed)
     logging.info("OPE validation (%s logs): truth in %.0fs", name, time.perf_counter() - started)
     features = ope.state_features(logs, router.encoder, router.config.max_state_tokens)

@@ -30,9 +30,8 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import evaluation, online, train
-from rivet_jax.baselines.best_fixed import BEST_FIXED
 from rivet_jax.baselines.registry import fit_baselines
-from rivet_jax.data.replay import reference_cost
+from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
@@ -41,9 +40,7 @@ from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, member_seeds, pessimistic
 from rivet_jax.progress import Progress
-from rivet_jax.runs import (MAIN, check_same_config, collected_corpus, corpus_files, train_variants,
-                            training_config)
-from rivet_jax.settings import with_overrides
+from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
@@ -58,13 +55,14 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str | Path, router_dir:
     """The trained router (rollouts) against the oracle, the fixed models and the random router (exact)."""
     sim = make_routesim(config.sim)
     router = Router.from_checkpoint(router_dir)
-    lam, gamma, c_ref = router.config.reward.lam, router.config.reward.gamma, router.c_ref
+    reward = Reward.of(router.config, router.c_ref)
+    lam, gamma, c_ref = reward
     split = config.evaluate.split
     started = time.perf_counter()
-    exact = oracle.policy_report(sim, split, lam, gamma, c_ref)
+    exact = oracle.policy_report(sim, split, reward)
     episodes = evaluation.rollout(sim, RouterPolicy(router), split, config.evaluate.rollouts_per_task,
                                   config.evaluate.seed)
-    learned = evaluation.episode_metrics(episodes, lam, gamma, c_ref, config.evaluate.rollouts_per_task)
+    learned = evaluation.episode_metrics(episodes, reward, config.evaluate.rollouts_per_task)
     reference = oracle.most_accurate_fixed(exact, sim.pool.names)
     rows = evaluation.compare_with_oracle({"rivet": learned, **exact}, exact["oracle"], reference)
     result = {"split": split, "lambda": lam, "gamma": gamma, "c_ref": c_ref, "reference": reference,
@@ -211,9 +209,9 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
         originals, changed = groups[group]
         if not originals:
             continue
-        base = evaluation.episode_metrics(originals, lam, gamma, ev.c_ref)
+        base = evaluation.episode_metrics(originals, Reward(lam, gamma, ev.c_ref))
         for name, episodes in (("Original", originals), (intervention, changed)):
-            m = evaluation.episode_metrics(episodes, lam, gamma, ev.c_ref)
+            m = evaluation.episode_metrics(episodes, Reward(lam, gamma, ev.c_ref))
             rows.append({"router": f"RIVET Online: {name}", "split": split, "episodes": len(episodes),
                          "group": group, "accuracy": m["accuracy"], "cost_usd": m["cost"],
                          "cost_rel": m["cost"] / base["cost"], "successes": int(round(m["accuracy"] * len(episodes))),

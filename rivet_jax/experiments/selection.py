@@ -32,6 +32,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rivet_jax import evaluation, plots
+from rivet_jax.data.replay import Reward
 from rivet_jax.deploy import best
 from rivet_jax.envs.base import RouterPolicy
 from rivet_jax.envs.routesim import RouteSim
@@ -72,7 +73,7 @@ def variant(setting: Setting) -> str:
 def validation_returns(sim: RouteSim, routers: Sequence[Router], split: str, rollouts: int, seed: int) -> list[float]:
     """Each router's mean return J over `rollouts` rollouts of every task of `split` (all stepped together)."""
     episodes = evaluation.rollout_each(sim, [RouterPolicy(r) for r in routers], split, rollouts, seed)
-    return [evaluation.episode_metrics(e, r.config.reward.lam, r.config.reward.gamma, r.c_ref, rollouts)["return"]
+    return [evaluation.episode_metrics(e, Reward.of(r.config, r.c_ref), rollouts)["return"]
             for r, e in zip(routers, episodes)]
 
 
