@@ -66,16 +66,6 @@ def best_checkpoints(rows: Sequence[dict]) -> list[bool]:
     return [best[r["lambda"]] == i for i, r in enumerate(rows)]
 
 
-def choose(rows: Sequence[dict], budget: float) -> tuple[int, bool]:
-    """(index of the chosen row, whether it is within the budget): the most successful row whose cost interval's
-    upper end is within `budget` (ties: the cheaper); none: the cheapest row, not within the budget."""
-    by_cost = sorted(range(len(rows)), key=lambda i: rows[i]["cost"])  # the cheaper first: it wins a tie
-    feasible = [i for i in by_cost if rows[i]["cost_hi"] <= budget]
-    if not feasible:
-        return by_cost[0], False
-    return feasible[deploy.best([rows[i]["success"] for i in feasible])], True  # the one rule, on success
-
-
 def pareto(rows: Sequence[dict]) -> list[bool]:
     """Whether each row is on the success-cost front: no other row at most as costly and more successful."""
     return [not any(o["cost"] <= r["cost"] and o["success"] > r["success"] for o in rows) for r in rows]
@@ -182,7 +172,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     for row, kept in zip(rows, best_checkpoints(rows)):
         row["kept"] = kept
     kept_rows = [r for r in rows if r["kept"]]
-    index, within = choose(kept_rows, budget)
+    index, within = deploy.within_budget(kept_rows, budget)
     for row, front in zip(kept_rows, pareto(kept_rows)):
         row["pareto"] = front
     chosen = {**kept_rows[index], "within_budget": within, "margin_usd": budget - kept_rows[index]["cost_hi"]}

@@ -313,6 +313,17 @@ def choose(estimates: Estimates, require_gain: bool) -> int:
     return better[best(estimates.point[better, J])] if better else floor
 
 
+def within_budget(rows: Sequence[Mapping], budget: float) -> tuple[int, bool]:
+    """The budget rule (`launch.calibrate`): (index of the chosen row, whether it is within the budget), the most
+    successful row whose cost interval's upper end (`cost_hi`, $ per episode) is within `budget` (ties: the
+    cheaper); none: the cheapest row, not within the budget."""
+    by_cost = sorted(range(len(rows)), key=lambda i: rows[i]["cost"])  # the cheaper first: it wins a tie
+    feasible = [i for i in by_cost if rows[i]["cost_hi"] <= budget]
+    if not feasible:
+        return by_cost[0], False
+    return feasible[best([rows[i]["success"] for i in feasible])], True  # the one rule, on success
+
+
 @dataclasses.dataclass
 class Scorer:
     """What every candidate needs: the trained routers, the per-model floor and each run's centre."""

@@ -12,7 +12,7 @@ import pytest
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn
 from rivet_jax import deploy
-from rivet_jax.calibrate import best_checkpoints, choose, episode_summary, pareto
+from rivet_jax.calibrate import best_checkpoints, episode_summary, pareto
 from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,10 +26,10 @@ def test_choose_the_most_successful_row_whose_cost_bound_fits():
     rows = [_row(0.0, 0.9, 0.05, 0.07), _row(0.1, 0.8, 0.02, 0.035), _row(0.5, 0.8, 0.01, 0.015),
             _row(1.0, 0.5, 0.005, 0.006)]
     # 0.1 and 0.5 tie on success within 0.04: the cheaper, 0.5
-    assert choose(rows, budget=0.04) == (2, True)
-    assert choose(rows, budget=0.06) == (2, True)      # lambda 0's point cost fits, its upper bound (0.07) does not
-    assert choose(rows, budget=0.07) == (0, True)
-    assert choose(rows, budget=0.001) == (3, False)    # nothing fits: the cheapest, flagged
+    assert deploy.within_budget(rows, budget=0.04) == (2, True)
+    assert deploy.within_budget(rows, budget=0.06) == (2, True)  # lambda 0: its point cost fits, its upper bound not
+    assert deploy.within_budget(rows, budget=0.07) == (0, True)
+    assert deploy.within_budget(rows, budget=0.001) == (3, False)    # nothing fits: the cheapest, flagged
     assert pareto(rows) == [True, True, True, True]
     assert pareto(rows + [_row(2.0, 0.4, 0.02, 0.03)]) == [True, True, True, True, False]
 
@@ -92,7 +92,7 @@ def test_tiny_routesim_calibration(routesim_calibration):
                for r in rows)
     assert [r["kept"] for r in rows] == best_checkpoints(rows)
     kept = [r for r in rows if r["kept"]]
-    index, within = choose(kept, 0.004)
+    index, within = deploy.within_budget(kept, 0.004)
     assert (out["chosen"]["lambda"], out["chosen"]["stage"]) == (kept[index]["lambda"], kept[index]["stage"])
     assert out["chosen"]["within_budget"] == within and out["router_stage"] == kept[index]["stage"]
     assert {"success", "cost"} <= set(out["test"])  # the chosen router rolled out on the test tasks
@@ -128,7 +128,7 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
     # fitted-Q evaluation on the held-out validation tasks
     assert not out["simulated"] and all(r["estimator"] == "FQE" for r in out["rows"])
     kept = [r for r in out["rows"] if r["kept"]]
-    index, within = choose(kept, 0.004)
+    index, within = deploy.within_budget(kept, 0.004)
     assert out["chosen"]["lambda"] == kept[index]["lambda"] and "test" not in out
     # J is discounted at each router's own lambda, with an interval; the fixed models are estimated alike
     assert all(r["return_lo"] <= r["return"] <= r["return_hi"] for r in out["rows"] + out["fixed"])
