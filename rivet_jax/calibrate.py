@@ -32,7 +32,7 @@ from rivet_jax import deploy, evaluation, ope, plots, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.schema import Episode, read_model_cards
+from rivet_jax.data.schema import Episode
 from rivet_jax.data.splits import MANIFEST
 from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
@@ -84,7 +84,7 @@ def _routesim_rows(config, routers: dict[tuple[float, str], Router], split: str)
     rolled = evaluation.rollout_each(sim, policies, split, cal.rollouts, cal.seed)
     rows = [{"lambda": lam, "stage": stage, **episode_summary(episodes, cal.resamples, cal.seed, router.reward)}
             for ((lam, stage), router), episodes in zip(routers.items(), rolled)]
-    at_config = Reward(float(config.reward.lam), float(config.reward.gamma), first.c_ref)
+    at_config = Reward.of(config, first.c_ref)
     fixed = [{"model": m, **episode_summary(episodes, cal.resamples, cal.seed, at_config)}
              for m, episodes in zip(sim.pool.names, rolled[len(routers):])]
     return rows, fixed
@@ -131,12 +131,12 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     return rows, fixed
 
 
-def _validation_logs(config, run_dirs: Sequence[Path]) -> list[Episode]:
-    """The held-out validation episodes of one's own logs (the split every run drew alike)."""
-    if not (run_dirs[0] / MANIFEST).exists():
+def _own_splits(config, run_dir: Path) -> dict[str, list[Episode]]:
+    """One's own logs by the task split every run drew alike; calibrating needs held-out validation tasks."""
+    if not (run_dir / MANIFEST).exists():
         raise ConfigError("calibrating on one's own logs needs held-out validation tasks: set "
                           "--config.data.holdout.validation (e.g. 0.1)")
-    return logged_splits(config, run_dirs[0])["validation"]
+    return logged_splits(config, run_dir)
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -157,18 +157,19 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))
     stages = train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
-    first_run = next(iter(dirs.values()))[0]
+    trained = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage)
+               for lam in lambdas for stage in stages}
+    pool = next(iter(trained.values())).pool
+    splits = None if simulated else _own_splits(config, next(iter(dirs.values()))[0])
     # as training's choice deploys on the same logs: A/B logs commit (RouteSim rolls switching out)
-    commit = not simulated and deploy.commits(profile_logs(logged_splits(config, first_run)["train"],
-                                                           read_model_cards(cards_path)), simulated)
-    routers = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage).with_choice(
-        Choice(commit=commit)) for lam in lambdas for stage in stages}
+    commit = deploy.commits(None if simulated else profile_logs(splits["train"], pool), simulated)
+    routers = {key: router.with_choice(Choice(commit=commit)) for key, router in trained.items()}
     logging.info("calibrate: %d checkpoints trained; estimating on validation (%.0fs elapsed)", len(routers),
                  time.perf_counter() - started)
     if simulated:
         rows, fixed = _routesim_rows(config, routers, config.calibrate.split)
     else:
-        rows, fixed = _logged_rows(config, routers, _validation_logs(config, [d[0] for d in dirs.values()]), workdir)
+        rows, fixed = _logged_rows(config, routers, splits["validation"], workdir)
     for row, kept in zip(rows, best_checkpoints(rows)):
         row["kept"] = kept
     kept_rows = [r for r in rows if r["kept"]]

@@ -282,7 +282,7 @@ def rollout_estimates(env: Env, policies: Mapping[str, Policy], split: str, roll
 
 
 def per_task_values(episodes: Sequence[Episode], reward: Reward) -> np.ndarray:
-    """(T, C) each task's mean J (Eq. 2 at `lam`), success and dollar cost over its episodes, tasks sorted by id."""
+    """(T, C) each task's mean J (Eq. 2 at `reward`), success and dollar cost over its episodes, tasks sorted by id."""
     tasks = sorted({e.task.id for e in episodes})
     index = {t: i for i, t in enumerate(tasks)}
     totals, counts = np.zeros((len(tasks), 3)), np.zeros(len(tasks))
@@ -376,10 +376,10 @@ def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:
     return np.array([best_fixed.returns.get(m, lowest) for m in pool.names])
 
 
-def commits(profile: LogsProfile, simulated: bool) -> bool:
+def commits(profile: LogsProfile | None, simulated: bool) -> bool:
     """Whether the deployed router commits (keeps the first turn's model): on A/B logs (one model per episode),
     which show what committing gives and nothing of switching, unless an environment can roll switching out.
-    Every command that deploys (training's choice, calibrate) asks this."""
+    Every command that deploys (training's choice, calibrate) asks this; `profile` may be None when simulated."""
     return not simulated and profile.ab_logs
 
 

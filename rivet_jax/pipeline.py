@@ -132,7 +132,8 @@ def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: Prep
                      splits: dict[str, list[Episode]], profile: LogsProfile, env: Env | None,
                      log: Callable[[str], None]) -> dict:
     pool, dc = prepared.pool, config.deploy
-    lam, gamma, c_ref = reward = Reward(float(config.reward.lam), float(config.reward.gamma), prepared.c_ref)
+    reward = Reward.of(config, prepared.c_ref)
+    lam, gamma, c_ref = reward
     commit = deploy.commits(profile, env is not None)
     floor = deploy.fixed_floor(splits["train"], pool, reward)
     replay = prepared.replay
@@ -177,7 +178,7 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
           store: EmbeddingStore, floor: np.ndarray, log: Callable[[str], None]) -> dict:
     """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
     pool, dc = scorer.pool, config.deploy
-    reward = Reward(float(config.reward.lam), float(config.reward.gamma), scorer.router(chosen).c_ref)
+    reward = Reward.of(config, scorer.router(chosen).c_ref)
     if env is not None:
         result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
                                    floor, dc.rollouts, dc.seed + 1, reward, dc.resamples)

@@ -79,6 +79,10 @@ class Choice:
     recentring: Recentring | None = None
     commit: bool = False
 
+    def __post_init__(self):
+        if not (np.isfinite(self.pessimism) and self.pessimism >= 0):
+            raise ValueError(f"pessimism must be a finite number >= 0, got {self.pessimism!r}")
+
     def spec(self, names: Sequence[str]) -> dict:
         """Its deploy.json fields, per-model values keyed by model name."""
         r = self.recentring
@@ -154,8 +158,6 @@ class Router:
     def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
                  card_embeddings: np.ndarray, c_ref: float | None = None, stacked: bool = False,
                  choice: Choice = Choice(), capability_names: tuple[str, ...] | None = None):
-        if not (np.isfinite(choice.pessimism) and choice.pessimism >= 0):
-            raise ValueError(f"pessimism must be a finite number >= 0, got {choice.pessimism!r}")
         self.pool = pool
         self.choice = choice
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
@@ -248,7 +250,7 @@ class Router:
     @property
     def reward(self) -> Reward:
         """The reward it was trained for (Eqs. 1-2): its config's lambda and gamma, its c_ref."""
-        return Reward(float(self.config.reward.lam), float(self.config.reward.gamma), self.c_ref)
+        return Reward.of(self.config, self.c_ref)
 
     @property
     def pessimism(self) -> float:

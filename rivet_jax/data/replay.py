@@ -135,7 +135,7 @@ class Reward(NamedTuple):
     @classmethod
     def of(cls, config, c_ref: float) -> "Reward":
         """A run's reward: its config's lambda and gamma (`config.reward`) with its c_ref."""
-        return cls(config.reward.lam, config.reward.gamma, c_ref)
+        return cls(float(config.reward.lam), float(config.reward.gamma), c_ref)
 
 
 def episode_rows(episode: Episode, pool: ModelPool, reward: Reward) -> dict[str, np.ndarray]:
