@@ -44,7 +44,7 @@ def main(argv):
         if unserved:
             logging.warning("pool models without a backend, never candidates: %s", ", ".join(unserved))
         logdir = config.logdir or os.path.join(_WORKDIR.value, "serve")
-        proxy = Proxy(router, backends, Recorder(logdir, router.pool), config)
+        proxy = Proxy(router, backends, Recorder(logdir, router.pool), config, workdir=_WORKDIR.value)
         logging.info("routing %s on http://%s:%d/v1 (router: %d member(s), encoder %s); recording to %s",
                      ", ".join(backends), config.host, config.port, router.members, router.encoder.fingerprint,
                      logdir)

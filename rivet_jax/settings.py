@@ -242,8 +242,19 @@ SERVE_SETTINGS: dict[str, Setting] = {
     "session_header": Setting("the request header naming an episode's session", default="x-rivet-session"),
     "task_family": Setting("recorded episodes' task family, unless a request's x-rivet-task-family says",
                            default=""),
-    "epsilon": Setting("per-turn exploration: a uniformly random candidate with this probability", *_PROBABILITY,
-                       default=0.0),
+    "exploration": Setting("how the proxy explores: epsilon (uniform), softmax (over Q_route) or margin (uniform "
+                           "among the candidates within `margin` of the best)", one_of("epsilon", "softmax", "margin"),
+                           "'epsilon', 'softmax' or 'margin'", default="epsilon"),
+    "epsilon": Setting("per-turn exploration: the probability moved off the greedy candidate (epsilon, margin)",
+                       *_PROBABILITY, default=0.0),
+    "temperature": Setting("softmax exploration's temperature, in Q_route's units (the reward's)",
+                           within(0.0, math.inf, low_open=True), "a number > 0", default=0.05),
+    "margin": Setting("margin exploration: how far below the best Q_route a candidate may be and still be tried",
+                      within(0.0, math.inf), "a number >= 0", default=0.05),
+    "exploration_budget": Setting("expected Q_route given up by exploring, per episode, before the proxy serves "
+                                  "greedily (0: no limit)", within(0.0, math.inf), "a number >= 0", default=0.0),
+    "reload_every_s": Setting("how often the proxy checks the workdir's deploy.json for a new router (0: only on "
+                              "POST /v1/admin/reload)", within(0.0, math.inf), "seconds >= 0", default=2.0),
     "seed": Setting("the exploration draws", is_integer, "an integer", default=0),
     # "auto": on the event loop for the hashing encoder, whose ~1 ms holds the GIL anyway; in a thread for the
     # neural encoders, so that their tens of ms do not stall other requests.

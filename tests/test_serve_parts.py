@@ -7,7 +7,7 @@ import pytest
 
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn, read_episodes
 from rivet_jax.serve.conversation import RequestError, read_request, session_id
-from rivet_jax.serve.policy import candidate_names, choose
+from rivet_jax.serve.policy import GREEDY, Budget, Exploration, candidate_names, choose, distribution
 from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder
 
 POOL = ModelPool((ModelCard("small", "a small model", price_in_per_mtok=1.0, price_out_per_mtok=2.0),
@@ -58,24 +58,59 @@ def test_malformed_requests_name_the_problem(body, words):
 # --------------------------------------------------------------------------------------------------- policy
 
 def test_the_greedy_choice_and_the_fallback_order():
-    choice = choose({"a": 0.2, "b": 0.9, "c": 0.5}, 0.0, np.random.default_rng(0))
+    choice = choose({"a": 0.2, "b": 0.9, "c": 0.5}, GREEDY, np.random.default_rng(0))
     assert choice.order == ["b", "c", "a"] and choice.propensity == 1.0 and not choice.explored
-    assert choice.margin == pytest.approx(0.4)
-    assert choose({"a": 0.5, "b": 0.5}, 0.0, np.random.default_rng(0)).order == ["a", "b"]   # ties: the first
-    assert choose({"a": 0.5}, 0.0, np.random.default_rng(0)).margin is None
+    assert choice.margin == pytest.approx(0.4) and choice.shortfall == 0.0
+    assert choose({"a": 0.5, "b": 0.5}, GREEDY, np.random.default_rng(0)).order == ["a", "b"]   # ties: the first
+    assert choose({"a": 0.5}, GREEDY, np.random.default_rng(0)).margin is None
     with pytest.raises(FloatingPointError):
-        choose({"a": float("nan"), "b": 0.1}, 0.0, np.random.default_rng(0))
+        choose({"a": float("nan"), "b": 0.1}, GREEDY, np.random.default_rng(0))
 
 
-def test_epsilon_exploration_draws_with_the_recorded_propensity():
-    # epsilon 0.3 over 3 candidates: the greedy one with 0.7 + 0.1, each other with 0.1
-    rng, scores = np.random.default_rng(1), {"a": 0.2, "b": 0.9, "c": 0.5}
-    draws = [choose(scores, 0.3, rng) for _ in range(6000)]
-    for name, propensity in (("b", 0.8), ("a", 0.1), ("c", 0.1)):
+SCORES = {"a": 0.2, "b": 0.9, "c": 0.85}
+# Worked by hand. epsilon 0.3 over 3: the greedy b 0.7 + 0.1, the others 0.1 each. margin 0.1 with epsilon 0.3: only
+# b and c are within 0.1 of 0.9, so b 0.7 + 0.15, c 0.15, a never. softmax at temperature 0.1: exp(-7), 1, exp(-0.5)
+# normalised.
+_SOFT = np.exp(np.array([-7.0, 0.0, -0.5]))
+EXPECTED = [(Exploration("epsilon", epsilon=0.3), {"a": 0.1, "b": 0.8, "c": 0.1}),
+            (Exploration("margin", epsilon=0.3, margin=0.1), {"a": 0.0, "b": 0.85, "c": 0.15}),
+            (Exploration("softmax", temperature=0.1), dict(zip("abc", (_SOFT / _SOFT.sum()).tolist())))]
+
+
+@pytest.mark.parametrize("exploration,expected", EXPECTED, ids=lambda x: getattr(x, "kind", ""))
+def test_exploration_draws_with_its_exact_recorded_propensity(exploration, expected):
+    probabilities = distribution(SCORES, exploration)
+    assert probabilities == pytest.approx(expected) and sum(probabilities.values()) == pytest.approx(1.0)
+    rng = np.random.default_rng(1)
+    draws = [choose(SCORES, exploration, rng) for _ in range(8000)]
+    for name, p in expected.items():
         drawn = [d for d in draws if d.order[0] == name]
-        assert all(d.propensity == pytest.approx(propensity) for d in drawn)
-        assert len(drawn) / len(draws) == pytest.approx(propensity, abs=0.02)
+        assert all(d.propensity == pytest.approx(p) for d in drawn)
+        assert len(drawn) / len(draws) == pytest.approx(p, abs=0.015)          # empirical frequencies
     assert all(sorted(d.order) == ["a", "b", "c"] for d in draws)
+    # what exploring gives up by the router's values: sum_m p(m) (0.9 - Q(m))
+    assert draws[0].shortfall == pytest.approx(sum(p * (0.9 - SCORES[m]) for m, p in expected.items()))
+
+
+def test_the_budget_holds_the_expected_shortfall_per_episode():
+    # epsilon 0.3: each decision gives up 0.1 * 0.7 + 0.1 * 0.05 = 0.075 by Q; a budget of 0.1 per episode
+    budget = Budget(Exploration("epsilon", epsilon=0.3), 0.1)
+    rng = np.random.default_rng(0)
+    for episode in range(50):
+        budget.opened()
+        for _ in range(4):
+            budget.choose(SCORES, rng)
+    report = budget.report()
+    assert report["expected_shortfall"] <= 0.1 * 50 + 0.075          # spent at most one decision past the budget
+    assert report["expected_shortfall"] >= 0.1 * 50 - 0.075
+    assert report["greedy_for_budget"] > 0 and report["decisions"] == 200
+    unlimited = Budget(Exploration("epsilon", epsilon=0.3), None)
+    unlimited.opened()
+    for _ in range(10):
+        unlimited.choose(SCORES, rng)
+    assert unlimited.report()["expected_shortfall"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="kind"):
+        Exploration("boltzmann")
 
 
 def test_candidates_are_the_served_models_up_and_requested():

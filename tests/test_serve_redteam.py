@@ -25,7 +25,8 @@ from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.router import Router
 from rivet_jax.serve import journal, upstream
-from rivet_jax.serve.app import MAX_DEPTH, Proxy, make_app
+from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.conversation import MAX_DEPTH
 from rivet_jax.serve.conversation import converter_messages
 from rivet_jax.serve.fake import ServerThread, fake_upstream
 from rivet_jax.serve.journal import LogDirBusyError

@@ -87,6 +87,7 @@ class Turn:
     propensity: float | None = None  # behaviour-policy probability of `model`, in (0, 1]
     available: tuple[str, ...] | None = None  # choosable models (None = whole pool)
     latency_s: float | None = None  # wall time of the call in seconds, where it was measured (launch.serve)
+    router: str | None = None  # the version of the router that chose the turn (launch.serve: its deployment's digest)
 
     def __post_init__(self):
         # Lists would make the record unhashable and unequal to what the reader produces.
@@ -108,6 +109,8 @@ class Turn:
             obj["available"] = list(self.available)
         if self.latency_s is not None:
             obj["latency_s"] = self.latency_s
+        if self.router is not None:
+            obj["router"] = self.router
         obj["done"] = self.done
         return obj
 
@@ -116,7 +119,7 @@ _EPISODE_KEYS = ("episode_id", "task", "turns", "outcome")
 _TASK_KEYS = ("id", "prompt", "family")
 _TURN_KEYS = (
     "model", "response", "feedback", "prompt_tokens", "completion_tokens", "cost",
-    "propensity", "available", "latency_s", "done",
+    "propensity", "available", "latency_s", "router", "done",
 )
 
 
@@ -240,6 +243,7 @@ def _turn_from_json(obj: Any, pool: ModelPool, where: Where, field: str) -> Turn
         propensity=propensity,
         available=available,
         latency_s=optional(obj.get("latency_s", MISSING), as_number, where, prefix + "latency_s", minimum=0.0),
+        router=optional(obj.get("router", MISSING), as_str, where, prefix + "router"),
     )
 
 

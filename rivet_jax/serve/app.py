@@ -2,15 +2,16 @@
 
     POST /v1/chat/completions              route, call, record (streamed or not; tool calls pass through)
     GET  /v1/models                        the router, as the one model clients name
-    GET  /healthz                          backends up or down, open episodes
+    GET  /healthz                          backends up or down, open episodes, the router's version, exploration
     POST /v1/episodes/{session}/outcome    {"outcome": y in [0, 1]} closes the session's episode
+    POST /v1/admin/reload                  load the workdir's deployed router now (hot swap), if it changed
 
 Per request: the conversation becomes the router's state (`conversation.read_request`, the training data's reading),
 the session is the `session_header` header, else the `user` field, else a hash of the task (then the open episode
 whose served turns the history repeats, else a new one: two agents that start alike are two episodes, the
 `x-rivet-session` header names each); the candidates are the
 served models that are not down, within the optional `x-rivet-candidates: a,b` header; Q_route ranks them
-(`policy.choose`, epsilon-greedy); the first is called and, when it faults, the next (at most `max_attempts`). The
+(`policy.Budget.choose`: greedy, or exploring within the budget); the first is called and, when it faults, the next (at most `max_attempts`). The
 response goes back as the upstream sent it, with headers:
 
     x-rivet-model       the model that answered        x-rivet-scores   {"model": Q_route} of every candidate (JSON)
@@ -18,7 +19,14 @@ response goes back as the upstream sent it, with headers:
     x-rivet-session     the episode's session (URL-quoted)  x-rivet-turn  the turn's index in the conversation
     x-rivet-failed      the models that faulted first  x-rivet-routing-ms  request in -> first upstream call out
 
-The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends).
+The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends), with
+its propensity and the version of the router that chose it.
+
+Hot swap: serving a workdir's deployed choice (`router_stage` ''), the proxy checks `<workdir>/deploy.json` every
+`reload_every_s` (and on `POST /v1/admin/reload`, authenticated as chat is); when its content changed it loads the
+new router in a thread, warms it up and swaps it in between requests. A request is scored and recorded with the
+router it started with, so an open episode carries on, its turns recording the version that chose each. A
+deployment that fails to load (or lacks a served model) keeps the old router; the log and /healthz say why.
 
 What is refused, and how (nothing is routed or recorded; the answer is OpenAI's error shape):
 
@@ -46,7 +54,6 @@ import hmac
 import json
 import os
 import time
-import unicodedata
 import urllib.parse
 from collections.abc import AsyncIterator
 
@@ -63,11 +70,13 @@ from starlette.routing import Route
 from rivet_jax.data.converters.common import tokens_and_cost
 from rivet_jax.data.outcomes import check_outcome
 from rivet_jax.data.schema import Turn
-from rivet_jax.data.validation import DataError, Where, parse_json
+from rivet_jax.data.validation import DataError, Where
 from rivet_jax.router import Router
-from rivet_jax.serve.conversation import Conversation, RequestError, read_request, session_id
+from rivet_jax.serve.conversation import (Conversation, NotJson, RequestError, TooLarge, checked_text, read_body,
+                                          read_request, session_id)
 from rivet_jax.serve.journal import StorageError
-from rivet_jax.serve.policy import Choice, candidate_names, choose
+from rivet_jax.serve.policy import Budget, Choice, Exploration, candidate_names
+from rivet_jax.serve.served import ServedRouter, warm_up
 from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder, UnrecordableTurn
 from rivet_jax.serve.upstream import (Backend, Health, Reply, StreamFault, UpstreamFault, complete, open_stream,
                                       read_at_most, redact, response_text)
@@ -77,24 +86,27 @@ __all__ = ["Proxy", "make_app", "serve"]
 CANDIDATES_HEADER = "x-rivet-candidates"
 FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a request opens (else config.task_family)
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
-MAX_DEPTH = 64          # JSON nesting of a request body (tool schemas nest a few levels; thousands is an attack)
-MAX_SESSION_CHARS = 512
 
 
 @dataclasses.dataclass
 class Proxy:
-    """Everything a request needs; one per server."""
+    """Everything a request needs; one per server. `workdir`: where the served router came from (its deployment is
+    watched for a hot swap when `config.router_stage` is ''; None: the router is fixed)."""
 
     router: Router
     backends: dict[str, Backend]     # pool order
     recorder: Recorder
     config: ml_collections.ConfigDict
+    workdir: str | os.PathLike | None = None
     health: Health = dataclasses.field(init=False)
     rng: np.random.Generator = dataclasses.field(init=False)
 
     def __post_init__(self):
         self.health = Health(list(self.backends), self.config.cooloff_s)
         self.rng = np.random.default_rng(self.config.seed)
+        budget = float(self.config.get("exploration_budget", 0.0))
+        self.budget = Budget(Exploration.of(self.config), budget if budget > 0 else None)
+        self.served = ServedRouter(self.router, self.workdir, self.config.get("router_stage", ""), list(self.backends))
         self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
         self._draining = False
         # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
@@ -102,15 +114,15 @@ class Proxy:
         mode = self.config.get("scoring", "auto")
         self._in_thread = mode == "thread" or (mode == "auto" and self.router.encoder.name != "hashing")
 
-    async def scores(self, conversation: Conversation, candidates: list[str]) -> dict[str, float]:
-        """Q_route of each candidate at this conversation's state.
+    async def scores(self, conversation: Conversation, candidates: list[str]) -> tuple[dict[str, float], str]:
+        """Q_route of each candidate at this conversation's state, and the version of the router that scored it.
 
         On the event loop (`config.scoring`), at once: nothing else runs meanwhile. In a thread, one scoring at a
         time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
         the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
         and one network call."""
         if not self._in_thread:
-            return self._score_batch([(conversation, candidates, None)])[0]
+            return self._score_batch([(conversation, candidates, None)], self.served.current)[0]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((conversation, candidates, future))
         if not self._draining:
@@ -122,10 +134,11 @@ class Proxy:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                current = self.served.current   # one router for the whole batch, whatever a swap does meanwhile
                 try:
-                    rows = await asyncio.to_thread(self._score_batch, batch)
+                    rows = await asyncio.to_thread(self._score_batch, batch, current)
                 except Exception:  # noqa: BLE001 - one bad state must not fail the others: each alone
-                    rows = [await asyncio.to_thread(self._score_one, item) for item in batch]
+                    rows = [await asyncio.to_thread(self._score_one, item, current) for item in batch]
                 for (_, _, future), row in zip(batch, rows):
                     if isinstance(row, BaseException):
                         future.set_exception(row)
@@ -134,26 +147,20 @@ class Proxy:
         finally:
             self._draining = False
 
-    def _score_batch(self, batch) -> list[dict[str, float]]:
-        q = self.router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
-        return [{name: float(row[self.router.pool.index(name)]) for name in candidates}
+    def _score_batch(self, batch, current: tuple[Router, str]) -> list[tuple[dict[str, float], str]]:
+        router, version = current
+        q = router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
+        return [({name: float(row[router.pool.index(name)]) for name in candidates}, version)
                 for row, (_, candidates, _) in zip(q, batch)]
 
-    def _score_one(self, item) -> dict[str, float] | BaseException:
+    def _score_one(self, item, current) -> tuple[dict[str, float], str] | BaseException:
         try:
-            return self._score_batch([item])[0]
+            return self._score_batch([item], current)[0]
         except Exception as error:  # noqa: BLE001 - handed to the request it belongs to
             return error
 
-    def warm_up(self, max_batch: int = 16) -> None:
-        """Compiles the network, and a neural encoder at its longest inputs, for every padded batch size up to
-        `max_batch` (rows are padded to powers of two), so that a burst of concurrent requests does not wait for
-        XLA. Shorter inputs of a neural encoder still compile on first sight."""
-        long_state = "warm up " * self.router.config.max_state_tokens
-        size = 1
-        while size <= max_batch:
-            self.router.scores_from_embeddings(self.router.encoder.encode([long_state] * size))
-            size *= 2
+    def warm_up(self) -> None:
+        warm_up(self.served.current[0])
 
     def fault(self, name: str, why: str) -> None:
         """A backend failed a call: down for the cool-off. `why` is shown (log, 502s, /healthz): redacted."""
@@ -177,21 +184,30 @@ class Proxy:
                               "authentication_error")
         return None
 
-    async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice,
+    async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, version: str,
                      candidates: list[str], session: str, family: str | None, start: float) -> None:
         """Records the turn `name` served (its call began at perf_counter `start`), fsynced before returning."""
-        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start)
-        await asyncio.to_thread(self.recorder.record, session, conversation.task, len(conversation.history), turn,
-                                family)
+        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start, version)
+        _, index = await asyncio.to_thread(self.recorder.record, session, conversation.task,
+                                           len(conversation.history), turn, family)
+        if index == 0:
+            self.budget.opened()
+            report = self.budget.report()
+            if report["episodes"] % 100 == 0 and not self.budget.exploration.greedy:
+                logging.info("exploration so far: %d episodes, %d of %d decisions explored, expected shortfall "
+                             "%.4f per episode (budget %s)", report["episodes"], report["explored"],
+                             report["decisions"], report["expected_shortfall_per_episode"],
+                             report["budget_per_episode"])
 
     def turn(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, candidates: list[str],
-             latency_s: float) -> Turn:
+             latency_s: float, version: str | None = None) -> Turn:
         """The served turn as the trajectory schema records it (feedback arrives with the next request)."""
         try:
             text = response_text(reply.message)
         except DataError:  # e.g. a tool call streamed without an id: keep the content
             text = reply.message.get("content") or ""
-        card = self.router.pool.cards[self.router.pool.index(name)]
+        pool = self.served.current[0].pool
+        card = pool.cards[pool.index(name)]
         try:
             prompt_tokens, completion_tokens, cost = tokens_and_cost(reply.usage, card, Where(f"<{name}>", None),
                                                                      "usage")
@@ -205,7 +221,7 @@ class Proxy:
         return Turn(model=name, response=text, feedback="", prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens, cost=cost,
                     propensity=choice.propensity if served_as_drawn else None, available=tuple(candidates),
-                    latency_s=round(latency_s, 6))
+                    latency_s=round(latency_s, 6), router=version)
 
 
 def make_app(proxy: Proxy) -> Starlette:
@@ -216,17 +232,20 @@ def make_app(proxy: Proxy) -> Starlette:
         timeout = httpx.Timeout(proxy.config.timeout_s, connect=proxy.config.connect_timeout_s)
         app.state.client = httpx.AsyncClient(timeout=timeout)
         expiry = asyncio.create_task(_expire_forever(proxy))
+        watch = asyncio.create_task(_watch_forever(proxy))
         try:
             yield
         finally:
             expiry.cancel()
+            watch.cancel()
             await app.state.client.aclose()
             proxy.recorder.close_files()
 
     routes = [Route("/v1/chat/completions", _chat_completions, methods=["POST"]),
               Route("/v1/models", _models, methods=["GET"]),
               Route("/healthz", _healthz, methods=["GET"]),
-              Route("/v1/episodes/{session:path}/outcome", _outcome, methods=["POST"])]
+              Route("/v1/episodes/{session:path}/outcome", _outcome, methods=["POST"]),
+              Route("/v1/admin/reload", _reload, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={StorageError: _storage_error, Exception: _internal_error})
     app.state.proxy = proxy
@@ -249,10 +268,10 @@ async def _chat_completions(request: Request) -> Response:
         conversation = read_request(await _json(request, proxy))
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
         given = request.headers.get(proxy.config.session_header) or conversation.user
-        session = _checked_text(session_id(conversation, given), "session id")
+        session = checked_text(session_id(conversation, given), "session id")
         family = request.headers.get(FAMILY_HEADER) or proxy.config.get("task_family") or None
         if family is not None:
-            family = _checked_text(family, "task family")
+            family = checked_text(family, "task family")
     except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
         return _error(error.status, str(error))
     if not given:  # the session is the task's hash: the open episode this history continues, else a fresh one
@@ -274,7 +293,8 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
     if not candidates:
         return _error(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
                            f"{sorted(proxy.health.down())}", "service_unavailable")
-    choice = choose(await proxy.scores(conversation, candidates), proxy.config.epsilon, proxy.rng)
+    scores, version = await proxy.scores(conversation, candidates)
+    choice = proxy.budget.choose(scores, proxy.rng)
     failed: list[str] = []
     for name in choice.order[:proxy.config.max_attempts]:
         routing_ms = (time.perf_counter() - received) * 1e3
@@ -290,8 +310,8 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         if reply.status != 200:  # the request's own fault: passed on, not recorded
             return Response(reply.body, status_code=reply.status, headers=headers, media_type="application/json")
         await observed
-        served = functools.partial(proxy.record, name, reply, conversation, choice, candidates, session, family,
-                                   start)
+        served = functools.partial(proxy.record, name, reply, conversation, choice, version, candidates, session,
+                                   family, start)
         if conversation.stream:
             return StreamingResponse(_record_when_done(reply, name, proxy, served), headers=headers,
                                      media_type="text/event-stream")
@@ -349,8 +369,18 @@ async def _healthz(request: Request) -> Response:
     proxy: Proxy = request.app.state.proxy
     report = proxy.health.report()
     up = any(state["up"] for state in report.values())
+    router = proxy.served.report()
     return JSONResponse({"status": "ok" if up else "no backend up", "backends": report,
-                         "open_episodes": len(proxy.recorder.open)}, status_code=200 if up else 503)
+                         "open_episodes": len(proxy.recorder.open), "router": router,
+                         "exploration": proxy.budget.report()}, status_code=200 if up else 503)
+
+
+async def _reload(request: Request) -> Response:
+    proxy: Proxy = request.app.state.proxy
+    if (refused := proxy.refused(request)) is not None:
+        return refused
+    result = await asyncio.to_thread(proxy.served.reload)
+    return JSONResponse(result, status_code=200 if result["error"] is None else 409)
 
 
 async def _outcome(request: Request) -> Response:
@@ -378,6 +408,17 @@ async def _outcome(request: Request) -> Response:
                          "outcome": outcome, "recorded_in": "episodes.jsonl"})
 
 
+async def _watch_forever(proxy: Proxy) -> None:
+    """Swaps in a changed deployment (`ServedRouter.reload`) every `reload_every_s` (0: only on /v1/admin/reload)."""
+    every = float(proxy.config.get("reload_every_s", 2.0))
+    if not proxy.served.hot_swap or every <= 0:
+        return
+    while True:
+        await asyncio.sleep(every)
+        if proxy.served.changed():
+            await asyncio.to_thread(proxy.served.reload)
+
+
 async def _expire_forever(proxy: Proxy) -> None:
     """Closes idle episodes (outcome unknown) every so often, for as long as the server runs."""
     timeout = proxy.config.episode_timeout_s
@@ -388,59 +429,17 @@ async def _expire_forever(proxy: Proxy) -> None:
             logging.info("closed %d idle episodes without an outcome", len(expired))
 
 
-class _TooLarge(RequestError):
-    status = 413
-
-
-class _NotJson(RequestError):
-    status = 415
-
-
 async def _json(request: Request, proxy: Proxy):
     """The request's JSON body, read within the limits of the module docstring."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
-        raise _NotJson(f"the body must be sent as Content-Type: application/json, got {kind or 'none'!r}")
+        raise NotJson(f"the body must be sent as Content-Type: application/json, got {kind or 'none'!r}")
     limit = int(proxy.config.get("max_body_bytes", 8 << 20))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge(f"the body is {declared} bytes, over the limit of {limit} (config.max_body_bytes)")
-    data = await read_at_most(request.stream(), limit,
-                              _TooLarge(f"the body is over the limit of {limit} bytes (config.max_body_bytes)"))
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise RequestError(f"the request body is not UTF-8: {error.reason} at byte {error.start}") from None
-    try:
-        body = parse_json(text, Where("<request body>", None), allow_non_finite=False)
-    except DataError as error:
-        raise RequestError(f"the request body is not JSON the proxy reads: {error.why}"
-                           + (f" ({error.field})" if error.field != "<json>" else "")) from None
-    if _depth(body) > MAX_DEPTH:
-        raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels")
-    return body
-
-
-def _depth(value) -> int:
-    """How deeply a parsed JSON value nests (iterative: a deep value must not overflow the stack here)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def _checked_text(text: str, what: str) -> str:
-    """A session id or task family every route and file can carry back (the outcome URL, the response headers)."""
-    if len(text) > MAX_SESSION_CHARS:
-        raise RequestError(f"the {what} has {len(text)} characters, more than {MAX_SESSION_CHARS}")
-    bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
-    if bad is not None:
-        raise RequestError(f"the {what} holds the control character U+{ord(bad):04X}: give one of printable "
-                           f"characters")
-    return text
+        raise TooLarge(f"the body is {declared} bytes, over the limit of {limit} (config.max_body_bytes)")
+    return read_body(await read_at_most(request.stream(), limit, TooLarge(
+        f"the body is over the limit of {limit} bytes (config.max_body_bytes)")))
 
 
 def _requested(header: str | None, proxy: Proxy) -> list[str] | None:

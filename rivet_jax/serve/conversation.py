@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 from rivet_jax.data.converters.openai_chat import content_text, routing_state
-from rivet_jax.data.validation import DataError, Where
+from rivet_jax.data.validation import DataError, Where, parse_json
 
-__all__ = ["RequestError", "Conversation", "read_request", "session_id", "converter_messages"]
+__all__ = ["RequestError", "TooLarge", "NotJson", "Conversation", "read_body", "read_request", "session_id",
+           "checked_text", "converter_messages", "MAX_DEPTH", "MAX_SESSION_CHARS"]
+
+MAX_DEPTH = 64          # JSON nesting of a request body (tool schemas nest a few levels; thousands is an attack)
+MAX_SESSION_CHARS = 512
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 _KEPT_KEYS = {"system": ("role", "content"), "user": ("role", "content"),
@@ -35,6 +40,53 @@ class RequestError(ValueError):
     """A malformed request: answered with HTTP `status` (400 here) and this message, nothing routed or recorded."""
 
     status = 400
+
+
+class TooLarge(RequestError):
+    status = 413
+
+
+class NotJson(RequestError):
+    status = 415
+
+
+def read_body(data: bytes) -> Any:
+    """A request body's bytes as JSON: UTF-8, no NaN or Infinity, no repeated key or lone surrogate
+    (`validation.parse_json`), nesting at most `MAX_DEPTH` deep; else a RequestError."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(f"the request body is not UTF-8: {error.reason} at byte {error.start}") from None
+    try:
+        body = parse_json(text, Where("<request body>", None), allow_non_finite=False)
+    except DataError as error:
+        raise RequestError(f"the request body is not JSON the proxy reads: {error.why}"
+                           + (f" ({error.field})" if error.field != "<json>" else "")) from None
+    if json_depth(body) > MAX_DEPTH:
+        raise RequestError(f"the request body nests deeper than {MAX_DEPTH} levels")
+    return body
+
+
+def json_depth(value: Any) -> int:
+    """How deeply a parsed JSON value nests (iterative: a deep value must not overflow the stack here)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def checked_text(text: str, what: str) -> str:
+    """A session id or task family every route and file can carry back (the outcome URL, the response headers)."""
+    if len(text) > MAX_SESSION_CHARS:
+        raise RequestError(f"the {what} has {len(text)} characters, more than {MAX_SESSION_CHARS}")
+    bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
+    if bad is not None:
+        raise RequestError(f"the {what} holds the control character U+{ord(bad):04X}: give one of printable "
+                           f"characters")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
