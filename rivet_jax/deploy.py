@@ -21,6 +21,9 @@ model on validation, and is the best fixed model itself unless validation shows 
 
 Estimates (J of Eq. 2, discounted, with success and dollar cost per episode; bootstrap over tasks):
   rollouts     with an environment (RouteSim): every candidate rolled out on its validation tasks, exactly
+  DR           logs recorded with exact propensities (the exploring proxy: most held-out episodes carry them):
+               doubly robust, FQE's values corrected by importance-weighted residuals (`rivet_jax.ope`), so the
+               choice rests on what exploration actually tried, not only on a fitted model
   committed    A/B logs (one model per episode) where most validation tasks have an episode of every model: a
                candidate chooses at the first turn and keeps that model (the logs show nothing about switching), so
                its value on a task is the logged value of its first choice's episodes, exactly
@@ -156,7 +159,7 @@ class Estimates:
     names: list[str]
     point: np.ndarray    # (P, C)
     draws: np.ndarray    # (B, P, C)
-    estimator: str       # rollouts | committed | FQE
+    estimator: str       # rollouts | committed | FQE | DR
     tasks: int           # the tasks estimated on (the bootstrap's unit)
     note: str = ""
 
@@ -231,8 +234,10 @@ def committed_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], tasks:
 
 
 def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: int, seed: int,
-                  screen_against: str | None = None) -> Estimates:
-    """FQE of every target; targets that choose alike at every state (candidates often do) are fitted once.
+                  screen_against: str | None = None, estimator: str = "FQE") -> Estimates:
+    """FQE of every target (`estimator` "DR": doubly robust, FQE's values corrected by the importance-weighted
+    residuals of the episodes logged with exact propensities); targets that choose alike at every state
+    (candidates often do) are fitted once.
 
     `screen_against` (a target's name, the best fixed model): first one fit of every target, then the bootstrap
     only of that target and those whose point estimate of J beats it; the others (which `choose` cannot take)
@@ -252,7 +257,7 @@ def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: i
                             ridge=ridge, keep_draws=True)
 
     def fqe_points(result: dict) -> dict[int, list[float]]:
-        return {int(r["policy"]): [r[c] for c in CHANNELS] for r in result["rows"] if r["estimator"] == "FQE"}
+        return {int(r["policy"]): [r[c] for c in CHANNELS] for r in result["rows"] if r["estimator"] == estimator}
 
     result = evaluate(range(len(unique)), 1 if screen else resamples, None)
     point = np.array([fqe_points(result)[i] for i in range(len(unique))])                          # (U, C)
@@ -261,11 +266,13 @@ def fqe_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], resamples: i
         kept = [floor] + [i for i in range(len(unique)) if i != floor and point[i, J] > point[floor, J]]
         result = evaluate(kept, resamples, result["ridge"])
         draws = np.full((resamples, len(unique), 3), np.nan)
-        draws[:, kept] = result["draws"]["FQE"]
+        draws[:, kept] = result["draws"][estimator]
     else:
-        draws = result["draws"]["FQE"]
-    return Estimates(list(targets), point[which], draws[:, which], "FQE", result["tasks"],
-                     f"fitted-Q evaluation on {result['episodes']} held-out episodes of {result['tasks']} tasks "
+        draws = result["draws"][estimator]
+    how = ("fitted-Q evaluation" if estimator == "FQE" else
+           f"doubly robust (FQE + importance weights of the {result['supported']} episodes with exact propensities)")
+    return Estimates(list(targets), point[which], draws[:, which], estimator, result["tasks"],
+                     f"{how} on {result['episodes']} held-out episodes of {result['tasks']} tasks "
                      f"(ridge {result['ridge']:g}; {len(unique)} distinct policies among {len(targets)}"
                      f"{f', {len(kept)} of them resampled: the best fixed model and those above it' if screen else ''})")
 
@@ -304,10 +311,11 @@ def best(values: Sequence[float], tolerance: float = 0.0) -> int:
     return int(np.flatnonzero(values >= values.max() - tolerance)[0])
 
 
-def choose(estimates: Estimates, require_gain: bool) -> int:
-    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model
-    (`require_gain`: with a paired interval above 0; else by the point estimate); none: the best fixed model."""
-    floor = estimates.index(BEST_FIXED)
+def choose(estimates: Estimates, require_gain: bool, floor_name: str = BEST_FIXED) -> int:
+    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model (or
+    `floor_name`: `launch.loop`'s served router) (`require_gain`: with a paired interval above 0; else by the point
+    estimate); none: the floor."""
+    floor = estimates.index(floor_name)
     better = [p for p in range(len(estimates.names))
               if p != floor and estimates.difference(p, floor)[1 if require_gain else 0] > 0]
     return better[best(estimates.point[better, J])] if better else floor
@@ -404,8 +412,9 @@ def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading
     return "\n".join(lines) + "\n"
 
 
-def candidate_rows(estimates: Estimates) -> list[dict]:
-    floor = estimates.index(BEST_FIXED)
+def candidate_rows(estimates: Estimates, floor_name: str = BEST_FIXED) -> list[dict]:
+    """Every candidate's estimates and its paired gain over `floor_name` (the best fixed model)."""
+    floor = estimates.index(floor_name)
     rows = []
     for p in range(len(estimates.names)):
         gain, low, high = estimates.difference(p, floor)
@@ -419,10 +428,20 @@ def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: Hel
             for c in chosen_candidates}
 
 
+def explored_share(held: HeldOut) -> float:
+    """The share of held-out episodes the importance-weighted estimators may use (`ope.logging_support`: logged with
+    exact propensities, e.g. recorded by the exploring proxy)."""
+    return float(ope.logging_support(held.logs).episodes.mean())
+
+
 def log_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], committed: bool, resamples: int, seed: int,
                   min_complete: float = 0.5, screen_against: str | None = None) -> Estimates:
-    """Committed estimates where the held-out tasks support them (`committed`, and at least `min_complete` of the
-    tasks with an episode of every model), else FQE (`fqe_estimates`, screened against `screen_against`)."""
+    """Doubly robust estimates where at least `min_complete` of the held-out episodes carry exact propensities
+    (`explored_share`: logs the proxy recorded while exploring); else committed estimates where the held-out tasks
+    support them (`committed`, and at least `min_complete` of the tasks with an episode of every model); else FQE
+    (`fqe_estimates`, screened against `screen_against`)."""
+    if explored_share(held) >= min_complete:
+        return fqe_estimates(held, targets, resamples, seed, screen_against, estimator="DR")
     if committed:
         tasks = complete_tasks(held, held.logs.available.shape[1])
         if len(tasks) >= max(2, min_complete * len({e.task.id for e in held.logs.episodes})):

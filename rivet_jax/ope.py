@@ -37,6 +37,8 @@ logger giving every available model a positive probability (assumed of any logge
   The stochastic episodes alone are a sample of their own logger with correct propensities, so the IS family uses
   them alone (unbiased for the logs' task distribution when the loggers were assigned to tasks independently of the
   outcome, as in RouteSim's corpus, where every logger ran every task). FQE needs no propensities and uses all.
+  Turns the proxy served (`Turn.router` recorded, `launch.serve`) are the exception: their propensity, 1 for a
+  greedy turn included, is the exact probability of the one live policy that drew them, so they are used.
 
 Intervals: a percentile bootstrap over tasks, each drawn task bringing all its episodes (numpy, a fixed seed; the
 same B resamples for every policy and estimator; FQE refitted on each, so FQE's and (W)DR's intervals include the
@@ -87,6 +89,7 @@ class Logs:
     available: np.ndarray    # (N, M) bool
     terminal: np.ndarray     # (N,) bool: the episode's last turn (its next state, row + 1, belongs to the next episode)
     discount: np.ndarray     # (C,) gamma for the return; 1 for success and cost (per-episode totals)
+    served: np.ndarray       # (N,) bool: chosen by a known live policy (`Turn.router`: the proxy), its propensity exact
 
     @property
     def first(self) -> np.ndarray:  # (n,) the row of each episode's first state
@@ -111,7 +114,7 @@ def read_logs(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> L
                 propensity=np.array([np.nan if t.propensity is None else t.propensity for t in turns]),
                 available=np.stack([availability(t.available, pool) for t in turns]),
                 terminal=np.concatenate([np.arange(k) == k - 1 for k in lengths]),
-                discount=np.array([gamma, 1.0, 1.0]))
+                discount=np.array([gamma, 1.0, 1.0]), served=np.array([t.router is not None for t in turns]))
 
 
 def state_requests(logs: Logs, pool: ModelPool) -> list[Request]:
@@ -150,10 +153,11 @@ class Support:
 
 def logging_support(logs: Logs) -> Support:
     """Episodes whose every turn has a propensity below 1 (or had one model to choose from): a logger with full
-    support whose recorded probabilities are its own (module docstring)."""
+    support whose recorded probabilities are its own (module docstring). A turn the proxy served (`Turn.router`
+    recorded) carries the exact probability of its live policy, 1 included (a greedy turn), and is always used."""
     missing = np.isnan(logs.propensity)
     forced = logs.available.sum(axis=1) == 1
-    stochastic = ~missing & ((logs.propensity < 1.0) | forced)                                     # (N,)
+    stochastic = ~missing & ((logs.propensity < 1.0) | forced | logs.served)                      # (N,)
     per_episode = np.where(logs.live, stochastic[logs.row], True).all(axis=1)                      # (n,)
     n, k = len(per_episode), int(per_episode.sum())
     if missing.all():

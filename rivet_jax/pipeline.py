@@ -13,6 +13,7 @@ config's own run is trained alone, no deploy.json is written, and the log says t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -90,7 +91,21 @@ def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Calla
         return _fit(config, workdir, env, on_epoch_end, log)
 
 
-def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, log: Callable[[str], None]) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    """A workdir's trained runs and what they were trained on."""
+
+    runs: dict[str, str]                # conservatism setting -> run directory, relative to the workdir
+    prepared: PreparedData
+    splits: dict[str, list[Episode]]    # the logs by task split
+    profile: LogsProfile
+    validated: bool                     # validation tasks (or an environment) to choose on
+
+
+def train_runs(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None,
+               log: Callable[[str], None]) -> Trained:
+    """The logs' profile (written and logged) and the runs trained: the config's own and, when there is something
+    to validate on, one per other conservatism setting (module docstring). The caller holds the workdir."""
     prepared = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
     splits = logged_splits(config, workdir)
     profile = profile_logs(splits["train"], prepared.pool)
@@ -107,14 +122,19 @@ def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, 
     hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
     train.train_group(configs, [workdir / d for d in runs.values()], hook, env, [prepared] * len(configs),
                       held=True)
-    result = {"profile": profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
-    if not validated:
+    return Trained(runs, prepared, splits, profile, validated)
+
+
+def _fit(config, workdir: Path, env: Env | None, on_epoch_end: Callable | None, log: Callable[[str], None]) -> dict:
+    trained = train_runs(config, workdir, env, on_epoch_end, log)
+    result = {"profile": trained.profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
+    if not trained.validated:
         log("no held-out validation tasks (config.data.holdout.validation = 0): nothing was validated; "
             "Router.from_checkpoint loads the last stage as trained, unchecked against the best fixed model")
         return result
     if jax.process_index() != 0:  # one host chooses and writes
         return result
-    result.update(choose_and_judge(config, workdir, runs, prepared, splits, profile, env, log))
+    result.update(choose_and_judge(config, workdir, trained, env, log))
     return result
 
 
@@ -128,20 +148,32 @@ def earlier_td_epochs(config, workdir: Path) -> list[int]:
     return [e for e in epochs if e % config.deploy.keep_td_every == 0 and e < config.td_epochs]
 
 
-def choose_and_judge(config, workdir: Path, runs: dict[str, str], prepared: PreparedData,
-                     splits: dict[str, list[Episode]], profile: LogsProfile, env: Env | None,
-                     log: Callable[[str], None]) -> dict:
-    pool, dc = prepared.pool, config.deploy
-    reward = Reward.of(config, prepared.c_ref)
-    lam, gamma, c_ref = reward
-    commit = deploy.commits(profile, env is not None)
-    floor = deploy.fixed_floor(splits["train"], pool, reward)
+def scorer_of(config, workdir: Path, trained: Trained, env: Env | None) -> deploy.Scorer:
+    """What every candidate of the trained runs needs (`deploy.Scorer`): the per-model floor on the training
+    tasks, the training states the centres are means over, whether the deployed router commits."""
+    prepared = trained.prepared
+    commit = deploy.commits(trained.profile, env is not None)
+    floor = deploy.fixed_floor(trained.splits["train"], prepared.pool, Reward.of(config, prepared.c_ref))
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
     rows = replay.state[first] if commit else replay.state                                          # (S,)
-    scorer = deploy.Scorer(workdir, pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
-    stages = train.stages_of(config)
-    candidates = deploy.candidates(runs, stages, dc.shrinkage, {"td": earlier_td_epochs(config, workdir)})
+    return deploy.Scorer(workdir, prepared.pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
+
+
+def candidates_of(config, workdir: Path, runs: dict[str, str]) -> list[deploy.Candidate]:
+    """Every candidate of the trained runs (`deploy.candidates`: stages, kept TD epochs, ensembles, shrinkage)."""
+    return deploy.candidates(runs, train.stages_of(config), config.deploy.shrinkage,
+                             {"td": earlier_td_epochs(config, workdir)})
+
+
+def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, log: Callable[[str], None]) -> dict:
+    prepared, splits, runs, dc = trained.prepared, trained.splits, trained.runs, config.deploy
+    pool = prepared.pool
+    reward = Reward.of(config, prepared.c_ref)
+    lam, gamma, c_ref = reward
+    scorer = scorer_of(config, workdir, trained, env)
+    commit, floor = scorer.commit, scorer.floor
+    candidates = candidates_of(config, workdir, runs)
     log(f"choosing among {len(candidates)} candidates on the validation tasks"
         f"{' (committed routing: A/B logs)' if commit else ''}")
     tasks = len({e.task.id for e in splits["validation"]}) if env is None else None

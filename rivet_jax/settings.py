@@ -205,6 +205,11 @@ SETTINGS: dict[str, Setting] = {
                                default='validation'),
     "calibrate.resamples": Setting("bootstrap resamples of every 95% interval", *_INT1, default=200),
     "calibrate.seed": Setting("the bootstrap's draws", default=3),
+    # One round of learning from live traffic (loop.py, launch.loop): the recorded episodes it adds, and the share of
+    # their new tasks held out to prove a candidate's gain over the served router.
+    "loop.recorded": Setting("the episodes the proxy recorded ('' = <workdir>/serve/episodes.jsonl)", default=''),
+    "loop.holdout": Setting("share of the recorded traffic's new tasks held out to evaluate candidates against the "
+                            "served router", within(0.05, 0.9), "a fraction in [0.05, 0.9]", default=0.3),
     # The validated choice that ends training (pipeline.py, deploy.py): runs at each conservatism setting (CQL weight
     # x where it applies; the config's own loss is always one), each stage's checkpoint, their ensemble, each
     # recentred with shrinkage k; the best fixed model (k = 0) is always a candidate.

@@ -1,0 +1,41 @@
+r"""Learning from live traffic on RouteSim: serve -> record -> learn -> promote, from a cold start, over real HTTP.
+
+  python -m launch.loop --config=configs/routesim_live.py --workdir=/tmp/rivet_live
+
+Trains a cold start on RouteSim's logged corpus as one's own logs (configs/default.py's settings, no simulator),
+then runs `live.rounds` rounds: the proxy serves the deployed router to `live.episodes` RouteSim episodes played
+through it with the openai client (tasks from the train and validation splits), exploring as `live.exploration`
+says; `rivet_jax.loop` retrains on the logs and the recorded traffic and promotes a candidate only when its
+doubly robust gain over the served router has a 95% interval above 0; the proxy swaps it in. RouteSim's exact
+values are reported beside every decision (W/rounds.jsonl, W/live_report.md), never used to make one.
+"""
+
+import ml_collections
+
+from configs import default
+from rivet_jax.envs import routesim_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    config = default.get_config(arg)   # the own-logs path's settings (`tiny`: seconds-long runs for tests)
+    live = config.live = ml_collections.ConfigDict()
+    live.sim = routesim_config.sim_config()
+    live.collect = ml_collections.ConfigDict({"split": "train", "seed": 0})   # the cold start's logs
+    live.rounds = 4
+    live.episodes = 400           # live RouteSim episodes per round
+    live.seed = 7                 # the traffic's tasks and the simulator's draws, per round
+    # Softmax over Q_route: the served router's near-ties are tried often, the models it is sure are worse rarely,
+    # so what is recorded tells candidates apart where they disagree. Temperature in J (the reward's units).
+    live.exploration = "softmax"
+    live.temperature = 0.05
+    live.epsilon = 0.1            # for exploration = epsilon or margin
+    live.margin = 0.05            # for exploration = margin
+    live.budget = 0.0             # expected J given up per episode (by Q_route) before serving greedily; 0: none
+    live.exact_rollouts = 4       # RouteSim rollouts per task of every exact value in the report
+    if arg == "tiny":
+        live.rounds = 2
+        live.episodes = 30
+        live.exact_rollouts = 1
+        config.data.holdout.validation, config.data.holdout.test = 0.2, 0.1   # tiny holds out none by default
+        config.deploy.resamples = 50
+    return config

@@ -1,0 +1,193 @@
+"""The live experiment (`launch.loop --config=configs/routesim_live.py`): from a cold start, rounds of
+serve -> record -> learn -> promote, with RouteSim as the agent over real HTTP and its exact values beside every
+decision the loop makes (reported, never used to decide).
+
+  cold start  RouteSim's logged corpus (six fixed models and a random router on its training tasks) trained as
+              one's own logs (`rivet_jax.fit`, the config's settings, no simulator): W/deploy.json
+  a round     the proxy (`launch.serve`'s app, in this process) serves W's deployed router to `live.episodes`
+              RouteSim episodes on tasks drawn from the train and validation splits, exploring as `live.exploration`
+              says; `rivet_jax.loop.learn` retrains on the logs and all recorded traffic and decides; the round goes
+              on record with its exact values and, promoted, W/deploy.json changes and the proxy swaps it in
+
+Exact values (RouteSim rollouts of the router as the proxy serves it, `live.routesim.ServedPolicy`, at the served
+router's reward; `live.exact_rollouts` per task, the same draws for every policy):
+
+  exact_test_regret   the oracle's J on the test split minus the served router's, after the round
+  exploration_cost    the served router's J greedy minus exploring, on the traffic's tasks (train + validation)
+  ope.exact           the candidate's J on the held-out recorded episodes' tasks (what its estimate estimates)
+  promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
+
+Resumable: the cold start resumes as training does; a round's episodes already recorded are not played again; a
+round on record is not run again. W/live_report.md is the report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import httpx
+import ml_collections
+import numpy as np
+from absl import logging
+
+from rivet_jax import loop, pipeline, runs, settings
+from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.replay import Reward
+from rivet_jax.data.schema import read_model_cards
+from rivet_jax.envs import oracle
+from rivet_jax.envs.base import Policy, run_episodes
+from rivet_jax.envs.routesim import RouteSim, make_routesim
+from rivet_jax.evaluation import discounted_return
+from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
+from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.fake import ServerThread
+from rivet_jax.serve.policy import Exploration
+from rivet_jax.serve.recorder import Recorder
+from rivet_jax.serve.upstream import Backend
+from rivet_jax.settings import with_overrides
+
+REPORT = "live_report.md"
+TRAFFIC_SPLITS = ("train", "validation")
+
+__all__ = ["run", "cold_start", "exact_value", "REPORT"]
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
+    """The whole experiment (module docstring); returns the rounds on record."""
+    workdir = Path(workdir)
+    live = config.live
+    sim = make_routesim(live.sim)
+    training = cold_start(config, workdir)
+    reward = Router.from_checkpoint(workdir).reward
+    oracle_test = oracle.policy_report(sim, "test", reward, oracle_only=True)["oracle"]["return"]
+    pool = read_model_cards(training.data.cards)
+    episodes = LiveEpisodes(sim)
+    exploration = Exploration(live.exploration, float(live.epsilon), float(live.temperature), float(live.margin))
+    with ServerThread(upstream_app(episodes)) as upstream:
+        backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in pool.names}
+        serve_config = serve_settings(live)
+        proxy = Proxy(Router.from_checkpoint(workdir), backends, Recorder(workdir / "serve", pool), serve_config,
+                      workdir=workdir)
+        with ServerThread(make_app(proxy)) as server:
+            loop.settle(workdir)
+            httpx.post(server.url + "/v1/admin/reload")
+            for number in range(len(loop.rounds_of(workdir)) + 1, int(live.rounds) + 1):
+                served = proxy.served.current[0]
+                started = time.perf_counter()
+                played = play_round(server.url, episodes, workdir, number, live)
+                logging.info("round %d: %d episodes played through the proxy (%.0fs)", number, played,
+                             time.perf_counter() - started)
+                result = loop.learn(without_live(training), workdir)
+                result.record.update(exact_fields(sim, result, served, exploration, reward, oracle_test, live))
+                loop.finish(workdir, result)
+                swapped = httpx.post(server.url + "/v1/admin/reload").json()
+                logging.info("round %d: %s; serving %s", number, result.record["why"], swapped["version"])
+                write_report(workdir, oracle_test)
+    return loop.rounds_of(workdir)
+
+
+def serve_settings(live: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The proxy's config for the experiment: the serve defaults with the live section's exploration."""
+    config = settings.config_of(settings.SERVE_SETTINGS)
+    config.update(exploration=live.exploration, epsilon=float(live.epsilon), temperature=float(live.temperature),
+                  margin=float(live.margin), exploration_budget=float(live.budget), seed=int(live.seed),
+                  reload_every_s=0.0, timeout_s=60.0)
+    return config
+
+
+def cold_start(config: ml_collections.ConfigDict, workdir: Path) -> ml_collections.ConfigDict:
+    """RouteSim's logged corpus as one's own logs, trained through `rivet_jax.fit` without a simulator (once: a
+    workdir with a deployment has its cold start); returns the training config the rounds reuse."""
+    corpus = runs.collected_corpus(ml_collections.ConfigDict({"sim": config.live.sim.to_dict(),
+                                                               "collect": config.live.collect.to_dict()}), workdir)
+    episodes, cards = runs.corpus_files(corpus)
+    training = with_overrides(config, {"data.episodes": str(episodes), "data.cards": str(cards)})
+    if not (workdir / DEPLOY_FILE).exists():
+        logging.info("cold start: training on RouteSim's logged corpus as one's own logs (no simulator)")
+        pipeline.fit(without_live(training), workdir)
+    return training
+
+
+def without_live(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The training config alone (the simulator's section removed: the own-logs path never sees it)."""
+    plain = ml_collections.ConfigDict(config.to_dict())
+    del plain["live"]
+    return plain
+
+
+def play_round(url: str, episodes: LiveEpisodes, workdir: Path, number: int, live) -> int:
+    """Round `number`'s episodes through the proxy, those already recorded (a resumed round) left out."""
+    sim = episodes.sim
+    tasks = [t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)]
+    draws = np.random.default_rng([int(live.seed), number]).integers(len(tasks), size=int(live.episodes))
+    sessions = [f"r{number}-{k}" for k in range(len(draws))]
+    done = recorded_sessions(workdir / "serve")
+    todo = [k for k, session in enumerate(sessions) if session not in done]
+    play(url, episodes, [tasks[draws[k]] for k in todo], [(int(live.seed), number, k) for k in todo],
+         [sessions[k] for k in todo])
+    return len(todo)
+
+
+def recorded_sessions(logdir: Path) -> set[str]:
+    """The sessions of the episodes a proxy closed (recorded or kept apart): episode ids are `<session>@<time>`."""
+    out = set()
+    for name in ("episodes.jsonl", "unfinished.jsonl"):
+        path = logdir / name
+        if path.exists():
+            out |= {json.loads(line)["episode_id"].rsplit("@", 1)[0]
+                    for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return out
+
+
+def exact_value(sim: RouteSim, policy: Policy, task_ids: Sequence[str], rollouts: int, seed: int,
+                reward: Reward) -> float:
+    """Mean J of `policy` over `task_ids` (repeats count), `rollouts` episodes each; episode (r, i) draws from
+    rng([seed, r, i]) whatever the policy, so two policies are compared on the same draws."""
+    ids = [task for _ in range(rollouts) for task in task_ids]
+    rngs = [np.random.default_rng([seed, r, i]) for r in range(rollouts) for i in range(len(task_ids))]
+    episodes = run_episodes(sim, ids, policy, rngs, [f"{policy.name}/{k}" for k in range(len(ids))])
+    return float(np.mean([discounted_return(e, reward) for e in episodes]))
+
+
+def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration: Exploration, reward: Reward,
+                 oracle_test: float, live) -> dict:
+    """The round's exact values (module docstring)."""
+    rollouts, seed = int(live.exact_rollouts), int(live.seed) + 1000
+    test = [t.id for t in sim.tasks("test")]
+    traffic = [t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)]
+    by_prompt = {t.prompt: t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)}
+    held = [by_prompt[e.task.prompt] for e in result.held]
+    before = exact_value(sim, ServedPolicy(served), test, rollouts, seed, reward)
+    greedy = exact_value(sim, ServedPolicy(served), traffic, rollouts, seed, reward)
+    exploring = exact_value(sim, ServedPolicy(served, exploration, seed=seed), traffic, rollouts, seed, reward)
+    candidate = exact_value(sim, ServedPolicy(result.router), held, rollouts, seed, reward)
+    promoted = result.record["promoted"]
+    after = exact_value(sim, ServedPolicy(result.router), test, rollouts, seed, reward) if promoted else before
+    ope = {**result.record["ope"], "exact": candidate,
+           "covered": bool(result.record["ope"]["low"] <= candidate <= result.record["ope"]["high"])}
+    return {"exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,
+            "promoted_change": after - before if promoted else 0.0, "exploration_cost": greedy - exploring,
+            "ope": ope}
+
+
+def write_report(workdir: Path, oracle_test: float) -> None:
+    rounds = loop.rounds_of(workdir)
+    lines = ["# Learning from live traffic: RouteSim through the proxy", "",
+             f"Exact values from RouteSim (reported, never used to decide); the oracle's test J {oracle_test:.4f}.",
+             "Regret is the oracle's J minus the served router's on the test split; the estimate is the doubly "
+             "robust J of the round's candidate on its held-out recorded episodes, with its 95% interval, beside "
+             "its exact J on the same tasks.", "",
+             "| round | episodes | candidate | gain over served [95%] | estimate [95%] | exact | covered | promoted | "
+             "test regret before -> after | exploration cost |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rounds:
+        o = r["ope"]
+        lines.append(f"| {r['round']} | {r['episodes']} | {r['candidate']} | {o['gain']:+.4f} [{o['gain_low']:+.4f}, "
+                     f"{o['gain_high']:+.4f}] | {o['estimate']:.4f} [{o['low']:.4f}, {o['high']:.4f}] | "
+                     f"{o['exact']:.4f} | {'yes' if o['covered'] else 'no'} | {'yes' if r['promoted'] else 'no'} | "
+                     f"{r['exact_test_regret_before']:.4f} -> {r['exact_test_regret']:.4f} | "
+                     f"{r['exploration_cost']:.4f} |")
+    atomic_write_text(workdir / REPORT, "\n".join(lines) + "\n")

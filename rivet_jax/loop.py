@@ -1,0 +1,171 @@
+"""One round of learning from live traffic: retrain on what was served, prove the gain off-policy, promote
+(`launch.loop`).
+
+A served workdir W is one `launch.train` wrote; `launch.serve --workdir=W` serves what `W/deploy.json` names and
+swaps in whatever it names next. A round:
+
+  1. the data: the logs W was trained on (the config's `data.episodes`) and every episode the proxy recorded
+     (`config.loop.recorded`, default W/serve/episodes.jsonl)
+  2. retrain: the runs of `pipeline.train_runs` (every conservatism setting) in W/rounds/<r>, on a split that
+     extends W's (W's tasks keep their split; each new task is hashed into validation with probability
+     `config.loop.holdout`, else train), rewards at the served router's c_ref: every round in the same units
+  3. the candidates: every stage, kept epoch, ensemble and shrinkage of those runs (`pipeline.candidates_of`) and
+     the served router (`SERVED`), each choosing as the proxy serves it: every turn afresh (the proxy's
+     conversations carry no model names, so no router commits behind it)
+  4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust, every
+     candidate paired with the served router on the same task-clustered bootstrap resamples
+  5. the decision: the best candidate whose paired gain over the served router has a 95% interval above 0
+     (`deploy.choose`, the served router as the floor); none: the served router stays, and the record says why
+  6. W/rounds.jsonl gets the round's line (data, every candidate's estimate and interval, decision, why); then,
+     promoted, W/deploy.json names the candidate (its runs under rounds/<r>) and a proxy serving W swaps it in.
+
+Safe by construction: a round that cannot show a gain changes nothing but rounds.jsonl. A killed round resumes: the
+runs resume from their checkpoints; a round on record is not run again, and a promotion on record whose deploy.json
+was not written yet is written (`settle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from absl import logging
+
+from rivet_jax import deploy, pipeline
+from rivet_jax.data.files import atomic_write_text
+from rivet_jax.data.replay import Reward
+from rivet_jax.data.schema import Episode
+from rivet_jax.data.splits import MANIFEST
+from rivet_jax.encoders import cache_dir, embedding_store
+from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.serve.served import deployment_version
+from rivet_jax.settings import with_overrides
+from rivet_jax.workdir_lock import hold_workdir
+
+SERVED = "served"
+ROUNDS_FILE = "rounds.jsonl"
+
+__all__ = ["SERVED", "ROUNDS_FILE", "Round", "learn", "finish", "rounds_of", "append_round", "settle",
+           "recorded_path"]
+
+
+def recorded_path(config, workdir: Path) -> Path:
+    return Path(config.loop.recorded) if config.loop.get("recorded") else workdir / "serve" / "episodes.jsonl"
+
+
+def rounds_of(workdir: str | Path) -> list[dict]:
+    """The rounds on record in W/rounds.jsonl, in order."""
+    path = Path(workdir) / ROUNDS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def append_round(workdir: Path, record: dict) -> None:
+    """One more line of W/rounds.jsonl (the file rewritten atomically: a kill leaves it whole)."""
+    lines = [json.dumps(r, allow_nan=True) for r in rounds_of(workdir)] + [json.dumps(record, allow_nan=True)]
+    atomic_write_text(workdir / ROUNDS_FILE, "\n".join(lines) + "\n")
+
+
+def settle(workdir: Path) -> None:
+    """Writes the last round's promotion to W/deploy.json if a kill came between the record and the write."""
+    rounds = rounds_of(workdir)
+    if not rounds or not rounds[-1]["promoted"]:
+        return
+    spec = rounds[-1]["deploy"]
+    current = json.loads((workdir / DEPLOY_FILE).read_text(encoding="utf-8"))["deploy"]
+    if current != spec:
+        logging.info("round %d's promotion was on record but not deployed: deploying it now", rounds[-1]["round"])
+        deploy.write_deployment(workdir, spec, {"promoted_by": "launch.loop", "round": rounds[-1]["round"]})
+
+
+@dataclasses.dataclass
+class Round:
+    """A round's decision (not yet recorded or deployed): the record for rounds.jsonl and, promoted, the
+    deployment; `router` the promoted (or rejected) candidate as it would be served, `held` its held-out episodes."""
+
+    record: dict
+    router: Router
+    held: list[Episode]
+
+
+def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info) -> Round:
+    """Steps 1-5 of a round (module docstring) on the served workdir; W/rounds/<r> holds its runs."""
+    workdir = Path(workdir)
+    settle(workdir)
+    number = len(rounds_of(workdir)) + 1
+    served = Router.from_checkpoint(workdir)
+    recorded = recorded_path(config, workdir)
+    if not recorded.exists():
+        raise FileNotFoundError(f"{recorded}: no recorded episodes to learn from (serve W with launch.serve and post "
+                                f"outcomes, or name them with --config.loop.recorded)")
+    round_dir = workdir / "rounds" / str(number)
+    round_config = with_overrides(config, {
+        "data.episodes": ",".join(p for p in (config.data.episodes, str(recorded)) if p),
+        "data.holdout.extend": str(workdir / MANIFEST), "data.holdout.validation": float(config.loop.holdout),
+        "data.holdout.test": 0.0, "reward.c_ref": float(served.c_ref),
+        "data.embedding_cache": str(cache_dir(config, workdir))})
+    log(f"round {number}: retraining on {round_config.data.episodes} into {round_dir}")
+    round_dir.mkdir(parents=True, exist_ok=True)
+    with hold_workdir(round_dir):
+        trained = pipeline.train_runs(round_config, round_dir, None, None, log)
+    pool = trained.prepared.pool
+    held_episodes = [e for e in trained.splits["validation"] if all(t.router is not None for t in e.turns)]
+    recorded_total = sum(1 for split in trained.splits.values() for e in split
+                         if all(t.router is not None for t in e.turns))
+    earlier = rounds_of(workdir)[-1]["recorded_total"] if number > 1 else 0
+    if not held_episodes:
+        raise ValueError(f"none of the {recorded_total} recorded episodes is on a held-out task: record more traffic "
+                         f"or raise config.loop.holdout")
+    scorer = dataclasses.replace(pipeline.scorer_of(round_config, round_dir, trained, None), commit=False)
+    candidates = pipeline.candidates_of(round_config, round_dir, trained.runs)
+    reward = Reward.of(round_config, trained.prepared.c_ref)
+    store = embedding_store(round_config, trained.prepared.encoder, round_dir)
+    held = deploy.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
+    as_served = served.with_choice(dataclasses.replace(served.choice, commit=False))
+    targets = {SERVED: deploy.one_hot(deploy.choices(as_served.scores_from_embeddings(held.h), held, False),
+                                      len(pool)),
+               **deploy.targets_of(scorer, candidates, held)}
+    log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "
+        f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities)")
+    dc = round_config.deploy
+    estimates = deploy.fqe_estimates(held, targets, dc.resamples, dc.seed, screen_against=SERVED, estimator="DR")
+    chosen = deploy.choose(estimates, True, SERVED)
+    others = np.where(np.array(estimates.names) == SERVED, -np.inf, estimates.point[:, deploy.J])
+    best = int(np.nanargmax(others))       # the best other estimate, whether or not its gain is shown
+    shown = chosen if estimates.names[chosen] != SERVED else best
+    name = estimates.names[shown]
+    gain, low, high = estimates.difference(shown, estimates.index(SERVED))
+    j_low, j_high = estimates.interval(shown, deploy.J)
+    promoted = estimates.names[chosen] != SERVED
+    candidate = next((c for c in candidates if c.name == name), None)
+    router = as_served if candidate is None else scorer.deployable(candidate)
+    spec = None
+    if promoted:
+        spec = candidate.spec(scorer.choice(candidate), pool.names)
+        spec["runs"] = [str(Path("rounds") / str(number) / run) for run in candidate.runs]
+    why = (f"{name}: paired gain over the served router {gain:+.4f} [{low:+.4f}, {high:+.4f}] (95%, {estimates.estimator})"
+           + (": above 0, promoted" if promoted else ": not shown above 0, the served router stays"))
+    log(f"round {number}: {why}")
+    record = {"round": number, "episodes": recorded_total - earlier, "recorded_total": recorded_total,
+              "held_out_episodes": len(held_episodes), "held_out_tasks": estimates.tasks,
+              "served_before": deployment_version(workdir), "candidates": deploy.candidate_rows(estimates, SERVED),
+              "candidate": name, "promoted": promoted, "why": why, "deploy": spec,
+              "ope": {"estimator": estimates.estimator, "estimate": float(estimates.point[shown, deploy.J]),
+                      "low": j_low, "high": j_high, "gain": gain, "gain_low": low, "gain_high": high,
+                      "served_estimate": float(estimates.point[estimates.index(SERVED), deploy.J])},
+              "note": estimates.note}
+    return Round(record, router, held_episodes)
+
+
+def finish(workdir: str | Path, result: Round) -> None:
+    """Step 6: the round on record, then its promotion deployed (in that order: `settle` completes a kill between)."""
+    workdir = Path(workdir)
+    append_round(workdir, result.record)
+    if result.record["promoted"]:
+        deploy.write_deployment(workdir, result.record["deploy"],
+                                {"promoted_by": "launch.loop", "round": result.record["round"],
+                                 "why": result.record["why"]})
