@@ -17,6 +17,9 @@ router's reward; `live.exact_rollouts` per task, the same draws for every policy
   ope.exact           the candidate's J on the held-out recorded episodes' tasks (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
 
+Files: W/rounds.jsonl (`rivet_jax.loop`, with the exact values added), W/recorded.jsonl (every recorded episode)
+and W/model_cards.json, W/live_report.md; `Router.from_checkpoint(W)` is the router served after the last round.
+
 Resumable: the cold start resumes as training does; a round's episodes already recorded are not played again; a
 round on record is not run again. W/live_report.md is the report.
 """
@@ -36,7 +39,7 @@ from absl import logging
 from rivet_jax import loop, pipeline, runs, settings
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.schema import read_model_cards
+from rivet_jax.data.schema import read_episodes, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
@@ -51,6 +54,7 @@ from rivet_jax.serve.upstream import Backend
 from rivet_jax.settings import with_overrides
 
 REPORT = "live_report.md"
+RECORDED, CARDS = "recorded.jsonl", "model_cards.json"
 TRAFFIC_SPLITS = ("train", "validation")
 
 __all__ = ["run", "cold_start", "exact_value", "REPORT"]
@@ -84,6 +88,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
                 result = loop.learn(without_live(training), workdir)
                 result.record.update(exact_fields(sim, result, served, exploration, reward, oracle_test, live))
                 loop.finish(workdir, result)
+                publish_recorded(workdir, pool)
                 swapped = httpx.post(server.url + "/v1/admin/reload").json()
                 logging.info("round %d: %s; serving %s", number, result.record["why"], swapped["version"])
                 write_report(workdir, oracle_test)
@@ -172,6 +177,14 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
     return {"exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,
             "promoted_change": after - before if promoted else 0.0, "exploration_cost": greedy - exploring,
             "ope": ope}
+
+
+def publish_recorded(workdir: Path, pool) -> None:
+    """W/recorded.jsonl, every episode the proxy recorded so far (its W/serve/episodes.jsonl, checked through the
+    schema), with the pool's W/model_cards.json beside it: what `launch.train` reads as one's own logs."""
+    recorded = read_episodes(workdir / "serve" / "episodes.jsonl", pool).episodes
+    write_episodes(workdir / RECORDED, recorded)
+    write_model_cards(workdir / CARDS, pool)
 
 
 def write_report(workdir: Path, oracle_test: float) -> None:

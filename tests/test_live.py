@@ -1,0 +1,144 @@
+"""Learning from live traffic end to end (issue 39): RouteSim played through the proxy over HTTP gives the
+simulator's own episodes; the router as the proxy serves it is what the exact evaluation rolls out; a round of the
+loop promotes only on a gain shown above 0, keeps the served router otherwise, and the experiment resumes."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import routesim_live, serve
+from rivet_jax import deploy, loop, ope
+from rivet_jax.data.replay import Reward
+from rivet_jax.data.schema import Episode, Task, Turn, ModelPool, ModelCard, read_episodes
+from rivet_jax.envs.base import FixedModelPolicy, run_episode, run_episodes
+from rivet_jax.envs.collect import demo_corpus
+from rivet_jax.evaluation import discounted_return
+from rivet_jax.live import experiment
+from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
+from rivet_jax.router import Router
+from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.fake import ServerThread
+from rivet_jax.serve.recorder import Recorder
+from rivet_jax.serve.upstream import Backend
+from tests.common import run_launcher
+from tests.test_serve_swap import deploy_fixed
+
+REWARD = Reward(0.05, 0.95, 1e-3)
+
+
+def served_proxy(workdir, sim, logdir):
+    """The proxy (greedy) in front of one RouteSim upstream, both in threads: yields (url, live episodes, proxy)."""
+    episodes = LiveEpisodes(sim)
+    upstream = ServerThread(upstream_app(episodes)).__enter__()
+    router = Router.from_checkpoint(workdir)
+    backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in router.pool.names}
+    proxy = Proxy(router, backends, Recorder(logdir, router.pool), serve.get_config(), workdir=workdir)
+    server = ServerThread(make_app(proxy)).__enter__()
+    return server, upstream, episodes, proxy
+
+
+def close(*servers):
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+def test_the_live_driver_reproduces_the_simulators_episodes_for_a_fixed_policy(demo_router_dir, tmp_path):
+    sim, _ = demo_corpus(1)
+    workdir = tmp_path / "w"
+    shutil.copytree(demo_router_dir, workdir)
+    deploy_fixed(workdir, sim.pool.names, "quill-plus")           # the deployed router always calls quill-plus
+    server, upstream, episodes, proxy = served_proxy(workdir, sim, tmp_path / "log")
+    try:
+        tasks = [t.id for t in sim.tasks("train")[:6]]
+        seeds = [(5, i) for i in range(len(tasks))]
+        lived = play(server.url, episodes, tasks, seeds, [f"s{i}" for i in range(len(tasks))])
+    finally:
+        close(server, upstream)
+    recorded = {e.episode_id.rsplit("@", 1)[0]: e
+                for e in read_episodes(proxy.recorder.episodes_path, sim.pool).episodes}
+    for i, (task, live) in enumerate(zip(tasks, lived)):
+        simulated = run_episode(sim, task, FixedModelPolicy("quill-plus"), np.random.default_rng(seeds[i]), "x")
+        keys = ("model", "response", "feedback", "prompt_tokens", "completion_tokens", "cost")
+        assert [[getattr(t, k) for k in keys] for t in live.turns] == [[getattr(t, k) for k in keys]
+                                                                       for t in simulated.turns]
+        assert live.outcome == simulated.outcome
+        proxied = recorded[f"s{i}"]                               # what the proxy wrote, exactly the same values
+        assert [(t.model, t.response, t.prompt_tokens, t.completion_tokens, t.cost) for t in proxied.turns] == [
+            (t.model, t.response, t.prompt_tokens, t.completion_tokens, t.cost) for t in simulated.turns]
+        assert [t.feedback for t in proxied.turns] == [f"[user] {t.feedback}" for t in simulated.turns[:-1]] + [""]
+        assert proxied.outcome == simulated.outcome and proxied.task.prompt == simulated.task.prompt
+        assert discounted_return(proxied, REWARD) == discounted_return(simulated, REWARD)
+        assert all(t.propensity == 1.0 and t.router.startswith("deploy:") for t in proxied.turns)
+
+
+def test_the_exact_evaluation_rolls_out_what_the_proxy_serves(demo_router_dir, tmp_path):
+    sim, _ = demo_corpus(1)
+    workdir = tmp_path / "w"
+    shutil.copytree(demo_router_dir, workdir)                   # no deployment: the trained router as it is
+    server, upstream, episodes, proxy = served_proxy(workdir, sim, tmp_path / "log")
+    try:
+        tasks = [t.id for t in sim.tasks("validation")[:5]]
+        seeds = [(9, i) for i in range(len(tasks))]
+        lived = play(server.url, episodes, tasks, seeds, [f"v{i}" for i in range(len(tasks))])
+    finally:
+        close(server, upstream)
+    simulated = run_episodes(sim, tasks, ServedPolicy(Router.from_checkpoint(workdir)),
+                             [np.random.default_rng(s) for s in seeds], [f"x{i}" for i in range(len(tasks))])
+    assert [[t.model for t in e.turns] for e in lived] == [[t.model for t in e.turns] for e in simulated]
+    assert [e.outcome for e in lived] == [e.outcome for e in simulated]
+
+
+def test_turns_the_proxy_served_carry_exact_propensities_greedy_ones_included():
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+
+    def episode(i, propensity, router):
+        turns = (Turn("a", "r", "f", 1, 1, 0.1, propensity=propensity, router=router),
+                 Turn("b", "r", "", 1, 1, 0.1, done=True, propensity=0.5, router=router))
+        return Episode(f"e{i}", Task(f"t{i}", "p"), turns, 1)
+
+    logs = ope.read_logs([episode(0, 1.0, "deploy:x"), episode(1, 1.0, None), episode(2, 0.3, None)], pool, REWARD)
+    # a greedy turn the proxy served counts; propensity 1 from an unknown logger does not (a fixed-model logger)
+    assert ope.logging_support(logs).episodes.tolist() == [True, False, True]
+
+
+def test_the_served_router_stays_unless_a_gain_is_shown_above_zero():
+    # Hand-built paired draws (B = 4 resamples, P = 3 policies, C = 3): "a" gains +0.1 with every resample above 0,
+    # "b" gains more on average but one resample below 0.
+    names = [loop.SERVED, "a", "b"]
+    gains = {"a": [0.05, 0.1, 0.1, 0.15], "b": [-0.2, 0.3, 0.3, 0.2]}
+    draws = np.zeros((4, 3, 3))
+    draws[:, 1, 0], draws[:, 2, 0] = gains["a"], gains["b"]
+    estimates = deploy.Estimates(names, np.array([[0.0] * 3, [0.1, 0, 0], [0.2, 0, 0]]), draws, "DR", 4)
+    assert estimates.names[deploy.choose(estimates, True, loop.SERVED)] == "a"
+    draws[:, 1, 0] = [-0.02, 0.1, 0.1, 0.15]
+    assert estimates.names[deploy.choose(estimates, True, loop.SERVED)] == loop.SERVED
+
+
+@pytest.mark.slow
+def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, capfd):
+    workdir = tmp_path / "live"
+    first = run_launcher(capfd, "loop", "--config=configs/routesim_live.py:tiny", f"--workdir={workdir}",
+                         "--config.live.rounds=1")
+    assert first.returncode == 0, first.stderr
+    one = loop.rounds_of(workdir)
+    second = run_launcher(capfd, "loop", "--config=configs/routesim_live.py:tiny", f"--workdir={workdir}")
+    assert second.returncode == 0, second.stderr
+    rounds = loop.rounds_of(workdir)
+    assert len(rounds) == 2 and rounds[0] == one[0]                 # round 1 not run again
+    live = routesim_live.get_config("tiny").live
+    for r in rounds:
+        assert r["episodes"] == live.episodes and set(r["ope"]) >= {"estimate", "low", "high", "exact"}
+        assert r["promoted"] == (r["ope"]["gain_low"] > 0)
+        assert {"exact_test_regret", "exploration_cost"} <= set(r)
+    for before, after in zip(rounds, rounds[1:] + [None]):
+        if not before["promoted"] and after is not None:           # nothing changed: the same deployment served
+            assert after["served_before"] == before["served_before"]
+    recorded = read_episodes(workdir / "recorded.jsonl",
+                             experiment.read_model_cards(workdir / "model_cards.json")).episodes
+    assert len(recorded) == 2 * live.episodes
+    assert all(t.router is not None and t.propensity is not None for e in recorded for t in e.turns)
+    Router.from_checkpoint(workdir)                                 # the router served after the last round
+    assert "| 2 |" in (workdir / experiment.REPORT).read_text()
+    assert json.loads((workdir / "deploy.json").read_text())["deploy"]
