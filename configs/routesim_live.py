@@ -32,10 +32,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     live.margin = 0.05            # for exploration = margin
     live.budget = 0.0             # expected J given up per episode (by Q_route) before serving greedily; 0: none
     live.exact_rollouts = 4       # RouteSim rollouts per task of every exact value in the report
+    live.own_logs_check = True    # after the last round: launch.train's own-logs path on the recorded traffic alone
     if arg == "tiny":
         live.rounds = 2
         live.episodes = 30
         live.exact_rollouts = 1
+        live.own_logs_check = False
         config.data.holdout.validation, config.data.holdout.test = 0.2, 0.1   # tiny holds out none by default
         config.deploy.resamples = 50
     return config

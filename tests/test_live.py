@@ -2,6 +2,7 @@
 simulator's own episodes; the router as the proxy serves it is what the exact evaluation rolls out; a round of the
 loop promotes only on a gain shown above 0, keeps the served router otherwise, and the experiment resumes."""
 
+import dataclasses
 import json
 import shutil
 
@@ -142,3 +143,29 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
     Router.from_checkpoint(workdir)                                 # the router served after the last round
     assert "| 2 |" in (workdir / experiment.REPORT).read_text()
     assert json.loads((workdir / "deploy.json").read_text())["deploy"]
+
+
+def test_the_own_logs_choice_uses_doubly_robust_estimates_on_logs_with_exact_propensities():
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+    rng = np.random.default_rng(0)
+
+    def logs(served: bool):
+        episodes = []
+        for i in range(40):
+            model = "a" if rng.random() < 0.7 else "b"
+            turn = Turn(model, "r", "", 10, 5, 0.01, done=True, propensity=0.7 if model == "a" else 0.3,
+                        router="deploy:x" if served else None, available=("a", "b"))
+            episodes.append(Episode(f"e{i}", Task(f"t{i % 10}", f"p{i % 10}"), (turn,), int(rng.random() < 0.5)))
+        parsed = ope.read_logs(episodes, pool, REWARD)
+        return deploy.HeldOut(parsed, rng.normal(size=(len(episodes), 4)), -np.ones(len(episodes), int))
+
+    targets = {"always a": deploy.one_hot(np.zeros(40, int), 2), "always b": deploy.one_hot(np.ones(40, int), 2)}
+    recorded = logs(served=True)
+    assert deploy.explored_share(recorded) == 1.0
+    assert deploy.log_estimates(recorded, targets, True, 20, 0).estimator == "DR"
+    unknown = logs(served=False)   # the same propensities from an unknown logger: below 1, so still usable
+    assert deploy.log_estimates(unknown, targets, True, 20, 0).estimator == "DR"
+    fixed = dataclasses.replace(unknown, logs=dataclasses.replace(unknown.logs,
+                                                                   propensity=np.ones(40)))  # deterministic loggers
+    assert deploy.explored_share(fixed) == 0.0
+    assert deploy.log_estimates(fixed, targets, False, 20, 0).estimator == "FQE"

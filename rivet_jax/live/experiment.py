@@ -17,6 +17,9 @@ router's reward; `live.exact_rollouts` per task, the same draws for every policy
   ope.exact           the candidate's J on the held-out recorded episodes' tasks (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
 
+After the last round (`live.own_logs_check`), the own-logs path on the recorded traffic alone (W/recorded.jsonl):
+what it deploys and its exact test regret (W/own_logs.json).
+
 Files: W/rounds.jsonl (`rivet_jax.loop`, with the exact values added), W/recorded.jsonl (every recorded episode)
 and W/model_cards.json, W/live_report.md; `Router.from_checkpoint(W)` is the router served after the last round.
 
@@ -55,6 +58,7 @@ from rivet_jax.settings import with_overrides
 
 REPORT = "live_report.md"
 RECORDED, CARDS = "recorded.jsonl", "model_cards.json"
+OWN_LOGS_CHECK = "own_logs.json"
 TRAFFIC_SPLITS = ("train", "validation")
 
 __all__ = ["run", "cold_start", "exact_value", "REPORT"]
@@ -92,7 +96,32 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
                 swapped = httpx.post(server.url + "/v1/admin/reload").json()
                 logging.info("round %d: %s; serving %s", number, result.record["why"], swapped["version"])
                 write_report(workdir, oracle_test)
+    if live.own_logs_check:
+        own_logs_check(config, workdir, sim, reward, oracle_test)
+    write_report(workdir, oracle_test)
     return loop.rounds_of(workdir)
+
+
+def own_logs_check(config: ml_collections.ConfigDict, workdir: Path, sim: RouteSim, reward: Reward,
+                   oracle_test: float) -> dict:
+    """The own-logs path (`rivet_jax.fit`, the config's settings, no simulator) on the recorded traffic alone
+    (W/recorded.jsonl, W/model_cards.json) in W/own_logs, and the exact test regret of what it deploys, as the
+    proxy would serve it: W/own_logs.json (once)."""
+    path = workdir / OWN_LOGS_CHECK
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    plain = without_live(with_overrides(config, {"data.episodes": str(workdir / RECORDED),
+                                                 "data.cards": str(workdir / CARDS)}))
+    logging.info("the own-logs path on the recorded traffic alone, into %s", workdir / "own_logs")
+    result = pipeline.fit(plain, workdir / "own_logs")
+    router = Router.from_checkpoint(workdir / "own_logs")
+    test = [t.id for t in sim.tasks("test")]
+    value = exact_value(sim, ServedPolicy(router), test, int(config.live.exact_rollouts), int(config.live.seed) + 1000,
+                        reward)
+    check = {"deployed": (result["deploy"] or {}).get("name"), "exact_test_regret": oracle_test - value,
+             "recorded_episodes": sum(r["episodes"] for r in loop.rounds_of(workdir))}
+    atomic_write_text(path, json.dumps(check, indent=1) + "\n")
+    return check
 
 
 def serve_settings(live: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -203,4 +232,10 @@ def write_report(workdir: Path, oracle_test: float) -> None:
                      f"{o['exact']:.4f} | {'yes' if o['covered'] else 'no'} | {'yes' if r['promoted'] else 'no'} | "
                      f"{r['exact_test_regret_before']:.4f} -> {r['exact_test_regret']:.4f} | "
                      f"{r['exploration_cost']:.4f} |")
+    check = workdir / OWN_LOGS_CHECK
+    if check.exists():
+        own = json.loads(check.read_text(encoding="utf-8"))
+        lines += ["", f"The own-logs path (`launch.train`, the config's settings) on the {own['recorded_episodes']} "
+                      f"recorded episodes alone deploys {own['deployed']}: exact test regret "
+                      f"{own['exact_test_regret']:.4f}."]
     atomic_write_text(workdir / REPORT, "\n".join(lines) + "\n")
