@@ -32,6 +32,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     live.margin = 0.05            # for exploration = margin
     live.budget = 0.0             # expected J given up per episode (by Q_route) before serving greedily; 0: none
     live.exact_rollouts = 4       # RouteSim rollouts per task of every exact value in the report
+    live.exact_every_candidate = True   # every candidate's exact J on the held-out tasks (the best one, reported)
+    live.candidate_rollouts = 2         # ... with this many rollouts per task
     live.own_logs_check = True    # after the last round: launch.train's own-logs path on the recorded traffic alone
     if arg == "tiny":
         live.rounds = 2

@@ -428,6 +428,29 @@ def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: Hel
             for c in chosen_candidates}
 
 
+def crossfit_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], fit: HeldOut,
+                       fit_targets: Mapping[str, np.ndarray], resamples: int, seed: int,
+                       max_weight: float = np.inf) -> Estimates:
+    """Doubly robust estimates on the held-out episodes with FQE's Q fitted on other logs (`fit`: the training
+    split; `ope.crossfit_dr`), every target paired on the same resamples. Targets that choose alike at every
+    state of both are fitted once."""
+    first: dict[bytes, int] = {}
+    which = np.array([first.setdefault(targets[n].tobytes() + fit_targets[n].tobytes(), len(first)) for n in targets])
+    unique = [list(targets)[list(which).index(u)] for u in range(len(first))]
+    result = ope.crossfit_dr(held.logs, held.features, np.stack([targets[n] for n in unique]), fit.logs,
+                             fit.features, np.stack([fit_targets[n] for n in unique]), resamples, seed,
+                             max_weight)
+    return Estimates(list(targets), result["point"][which], result["draws"][:, which], "DR", result["tasks"],
+                     f"doubly robust on {result['episodes']} held-out episodes of {result['tasks']} tasks "
+                     f"({result['supported']} with exact propensities), FQE's Q cross-fitted on the "
+                     f"{len(fit.logs.episodes)} training episodes, weights over {max_weight:g} switched to the model (ridge "
+                     f"{result['ridge']:g}; {len(unique)} distinct "
+                     f"policies among {len(targets)})")
+
+
+MIN_EXPLORED = 0.5  # the share of held-out episodes with exact propensities from which the choice uses DR
+
+
 def explored_share(held: HeldOut) -> float:
     """The share of held-out episodes the importance-weighted estimators may use (`ope.logging_support`: logged with
     exact propensities, e.g. recorded by the exploring proxy)."""
@@ -435,12 +458,17 @@ def explored_share(held: HeldOut) -> float:
 
 
 def log_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], committed: bool, resamples: int, seed: int,
-                  min_complete: float = 0.5, screen_against: str | None = None) -> Estimates:
-    """Doubly robust estimates where at least `min_complete` of the held-out episodes carry exact propensities
-    (`explored_share`: logs the proxy recorded while exploring); else committed estimates where the held-out tasks
-    support them (`committed`, and at least `min_complete` of the tasks with an episode of every model); else FQE
+                  min_complete: float = 0.5, screen_against: str | None = None,
+                  fit: tuple[HeldOut, Mapping[str, np.ndarray]] | None = None,
+                  max_weight: float = np.inf) -> Estimates:
+    """Doubly robust estimates where at least `MIN_EXPLORED` of the held-out episodes carry exact propensities
+    (`explored_share`: logs the proxy recorded while exploring), cross-fitted on `fit` (the training split and the
+    targets' choices there) where given; else committed estimates where the held-out tasks support them
+    (`committed`, and at least `min_complete` of the tasks with an episode of every model); else FQE
     (`fqe_estimates`, screened against `screen_against`)."""
-    if explored_share(held) >= min_complete:
+    if explored_share(held) >= MIN_EXPLORED:
+        if fit is not None:
+            return crossfit_estimates(held, targets, fit[0], fit[1], resamples, seed, max_weight)
         return fqe_estimates(held, targets, resamples, seed, screen_against, estimator="DR")
     if committed:
         tasks = complete_tasks(held, held.logs.available.shape[1])

@@ -5,15 +5,17 @@ A served workdir W is one `launch.train` wrote; `launch.serve --workdir=W` serve
 swaps in whatever it names next. A round:
 
   1. the data: the logs W was trained on (the config's `data.episodes`) and every episode the proxy recorded
-     (`config.loop.recorded`, default W/serve/episodes.jsonl)
+     (`config.loop.recorded`, default W/serve/episodes.jsonl), read once into W/rounds/<r>/recorded.jsonl: the
+     round's data stay fixed (and a resumed round the same) while the proxy records on
   2. retrain: the runs of `pipeline.train_runs` (every conservatism setting) in W/rounds/<r>, on a split that
      extends W's (W's tasks keep their split; each new task is hashed into validation with probability
      `config.loop.holdout`, else train), rewards at the served router's c_ref: every round in the same units
   3. the candidates: every stage, kept epoch, ensemble and shrinkage of those runs (`pipeline.candidates_of`) and
      the served router (`SERVED`), each choosing as the proxy serves it: every turn afresh (the proxy's
      conversations carry no model names, so no router commits behind it)
-  4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust, every
-     candidate paired with the served router on the same task-clustered bootstrap resamples
+  4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust with
+     FQE's model cross-fitted on the round's training episodes, every candidate paired with the served router on
+     the same task-clustered bootstrap resamples
   5. the decision: the best candidate whose paired gain over the served router has a 95% interval above 0
      (`deploy.choose`, the served router as the floor); none: the served router stays, and the record says why
   6. W/rounds.jsonl gets the round's line (data, every candidate's estimate and interval, decision, why); then,
@@ -37,7 +39,7 @@ from absl import logging
 from rivet_jax import deploy, pipeline
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.schema import Episode
+from rivet_jax.data.schema import Episode, read_episodes, read_model_cards, write_episodes
 from rivet_jax.data.splits import MANIFEST
 from rivet_jax.encoders import cache_dir, embedding_store
 from rivet_jax.router import DEPLOY_FILE, Router
@@ -90,6 +92,7 @@ class Round:
     record: dict
     router: Router
     held: list[Episode]
+    routers: Callable[[], dict[str, Router]]   # every candidate (and the served router) as it would be served
 
 
 def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info) -> Round:
@@ -103,13 +106,16 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         raise FileNotFoundError(f"{recorded}: no recorded episodes to learn from (serve W with launch.serve and post "
                                 f"outcomes, or name them with --config.loop.recorded)")
     round_dir = workdir / "rounds" / str(number)
+    round_dir.mkdir(parents=True, exist_ok=True)
+    snapshot = round_dir / "recorded.jsonl"   # the round's data stays fixed while the proxy records on
+    if not snapshot.exists():
+        write_episodes(snapshot, read_episodes(recorded, read_model_cards(config.data.cards)).episodes)
     round_config = with_overrides(config, {
-        "data.episodes": ",".join(p for p in (config.data.episodes, str(recorded)) if p),
+        "data.episodes": ",".join(p for p in (config.data.episodes, str(snapshot)) if p),
         "data.holdout.extend": str(workdir / MANIFEST), "data.holdout.validation": float(config.loop.holdout),
         "data.holdout.test": 0.0, "reward.c_ref": float(served.c_ref),
         "data.embedding_cache": str(cache_dir(config, workdir))})
     log(f"round {number}: retraining on {round_config.data.episodes} into {round_dir}")
-    round_dir.mkdir(parents=True, exist_ok=True)
     with hold_workdir(round_dir):
         trained = pipeline.train_runs(round_config, round_dir, None, None, log)
     pool = trained.prepared.pool
@@ -125,14 +131,19 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     reward = Reward.of(round_config, trained.prepared.c_ref)
     store = embedding_store(round_config, trained.prepared.encoder, round_dir)
     held = deploy.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
+    fit = deploy.held_out(trained.splits["train"], pool, store, round_config.max_state_tokens, reward)
     as_served = served.with_choice(dataclasses.replace(served.choice, commit=False))
-    targets = {SERVED: deploy.one_hot(deploy.choices(as_served.scores_from_embeddings(held.h), held, False),
-                                      len(pool)),
-               **deploy.targets_of(scorer, candidates, held)}
+
+    def targets(at: deploy.HeldOut) -> dict[str, np.ndarray]:
+        chosen = deploy.choices(as_served.scores_from_embeddings(at.h), at, False)
+        return {SERVED: deploy.one_hot(chosen, len(pool)), **deploy.targets_of(scorer, candidates, at)}
+
     log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "
-        f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities)")
+        f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
+        f"{len(fit.logs.episodes)} training episodes")
     dc = round_config.deploy
-    estimates = deploy.fqe_estimates(held, targets, dc.resamples, dc.seed, screen_against=SERVED, estimator="DR")
+    estimates = deploy.crossfit_estimates(held, targets(held), fit, targets(fit), dc.resamples, dc.seed,
+                                          float(dc.max_weight))
     chosen = deploy.choose(estimates, True, SERVED)
     others = np.where(np.array(estimates.names) == SERVED, -np.inf, estimates.point[:, deploy.J])
     best = int(np.nanargmax(others))       # the best other estimate, whether or not its gain is shown
@@ -158,7 +169,8 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
                       "low": j_low, "high": j_high, "gain": gain, "gain_low": low, "gain_high": high,
                       "served_estimate": float(estimates.point[estimates.index(SERVED), deploy.J])},
               "note": estimates.note}
-    return Round(record, router, held_episodes)
+    return Round(record, router, held_episodes,
+                 lambda: {SERVED: as_served, **{c.name: scorer.deployable(c) for c in candidates}})
 
 
 def finish(workdir: str | Path, result: Round) -> None:

@@ -187,8 +187,13 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
         estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward, dc.resamples)
     else:
         held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
+        fit = None
+        if deploy.explored_share(held) >= deploy.MIN_EXPLORED:  # DR, its model cross-fitted on the training logs
+            train_held = deploy.held_out(splits["train"], pool, store, config.max_state_tokens, reward)
+            fit = (train_held, deploy.targets_of(scorer, candidates, train_held))
         estimates = deploy.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
-                                         dc.seed, screen_against=deploy.BEST_FIXED)
+                                         dc.seed, screen_against=deploy.BEST_FIXED, fit=fit,
+                                         max_weight=float(dc.max_weight))
     chosen = candidates[deploy.choose(estimates, dc.require_gain)]
     table = deploy.candidate_rows(estimates)
     spec = chosen.spec(scorer.choice(chosen), pool.names)

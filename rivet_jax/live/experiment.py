@@ -16,6 +16,8 @@ router's reward; `live.exact_rollouts` per task, the same draws for every policy
   exploration_cost    the served router's J greedy minus exploring, on the traffic's tasks (train + validation)
   ope.exact           the candidate's J on the held-out recorded episodes' tasks (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
+  best_candidate      (`live.exact_every_candidate`) the round's candidate with the best exact J on the held-out
+                      tasks, and how far the round's own candidate falls short of it
 
 After the last round (`live.own_logs_check`), the own-logs path on the recorded traffic alone (W/recorded.jsonl):
 what it deploys and its exact test regret (W/own_logs.json).
@@ -199,11 +201,17 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
     greedy = exact_value(sim, ServedPolicy(served), traffic, rollouts, seed, reward)
     exploring = exact_value(sim, ServedPolicy(served, exploration, seed=seed), traffic, rollouts, seed, reward)
     candidate = exact_value(sim, ServedPolicy(result.router), held, rollouts, seed, reward)
+    every = {name: exact_value(sim, ServedPolicy(router), held, int(live.candidate_rollouts), seed, reward)
+             for name, router in result.routers().items()} if live.exact_every_candidate else {}
     promoted = result.record["promoted"]
     after = exact_value(sim, ServedPolicy(result.router), test, rollouts, seed, reward) if promoted else before
     ope = {**result.record["ope"], "exact": candidate,
            "covered": bool(result.record["ope"]["low"] <= candidate <= result.record["ope"]["high"])}
-    return {"exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,
+    best = max(every, key=every.get) if every else None
+    name = result.record["candidate"]   # compared at the same rollouts as the others
+    return {"best_candidate": None if best is None else {"name": best, "exact": every[best],
+                                                           "shortfall_of_candidate": every[best] - every[name]},
+            "exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,
             "promoted_change": after - before if promoted else 0.0, "exploration_cost": greedy - exploring,
             "ope": ope}
 
