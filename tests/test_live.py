@@ -169,3 +169,26 @@ def test_the_own_logs_choice_uses_doubly_robust_estimates_on_logs_with_exact_pro
                                                                    propensity=np.ones(40)))  # deterministic loggers
     assert deploy.explored_share(fixed) == 0.0
     assert deploy.log_estimates(fixed, targets, False, 20, 0).estimator == "FQE"
+
+
+def test_crossfit_dr_is_importance_sampling_when_the_model_is_zero_and_switches_past_the_weight_limit():
+    # Model fitted on logs whose rewards are all 0: Q = V = 0, so DR's terms are IS's (worked out: IS of a
+    # one-turn target "always a" = mean of 1[a] / mu(a) * r). With max_weight below every weight, every episode
+    # switches to the model at its first turn: the estimate is V = 0.
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+    rng = np.random.default_rng(1)
+    episodes = []
+    for i in range(30):
+        model = "a" if rng.random() < 0.6 else "b"
+        turn = Turn(model, "r", "", 10, 5, 0.0, done=True, propensity=0.6 if model == "a" else 0.4,
+                    router="deploy:x", available=("a", "b"))
+        episodes.append(Episode(f"e{i}", Task(f"t{i % 6}", f"p{i % 6}"), (turn,), int(rng.random() < 0.5)))
+    logs = ope.read_logs(episodes, pool, Reward(0.0, 1.0, 1.0))
+    zero = dataclasses.replace(logs, reward=np.zeros_like(logs.reward))
+    features = np.concatenate([rng.normal(size=(30, 3)), np.ones((30, 1))], axis=1)
+    target = deploy.one_hot(np.zeros(30, int), 2)[None]                                 # (P = 1, N, M)
+    result = ope.crossfit_dr(logs, features, target, zero, features, target, 50, 0)
+    by_hand = np.mean([(e.turns[0].model == "a") / 0.6 * e.outcome for e in episodes])
+    assert result["point"][0, 0] == pytest.approx(by_hand)
+    assert ope.crossfit_dr(logs, features, target, zero, features, target, 50, 0, max_weight=1.0)["point"][0, 0] \
+        == pytest.approx(0.0)
