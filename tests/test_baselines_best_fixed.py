@@ -48,3 +48,25 @@ def test_graded_outcomes_rank_by_mean_return():
     router = BestFixedRouter.fit(episodes, POOL, reward=Reward(0.5, 0.5, 1.0))
     assert router.returns == pytest.approx({"a": 0.0, "b": 0.225})
     assert router.ranking == ["b", "a"]
+
+
+def test_on_explored_traffic_the_fixed_returns_are_weighted_by_the_recorded_propensities():
+    # No episode is a commitment (every turn drawn, propensity < 1): WIS over the episodes that called one model
+    # throughout. Worked by hand: "a" followed twice, weights 1/(0.5*0.5) = 4 (return 1) and 1/0.8 = 1.25 (return 0),
+    # so a's return is (4 * 1 + 1.25 * 0) / 5.25; "b" once, its return 1; the mixed episode counts for neither.
+    from rivet_jax.baselines.best_fixed import weighted_fixed_returns
+    from rivet_jax.data.replay import Reward
+    from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
+
+    def episode(i, models, propensities, outcome):
+        turns = tuple(Turn(m, "r", "", 1, 1, 0.0, propensity=p, done=k == len(models) - 1)
+                      for k, (m, p) in enumerate(zip(models, propensities)))
+        return Episode(f"e{i}", Task(f"t{i}", "p"), turns, outcome)
+
+    reward = Reward(0.0, 1.0, 1.0)
+    episodes = [episode(0, "aa", (0.5, 0.5), 1), episode(1, "a", (0.8,), 0), episode(2, "b", (0.2,), 1),
+                episode(3, "ab", (0.5, 0.5), 1)]
+    returns = weighted_fixed_returns(episodes, reward)
+    assert returns == pytest.approx({"a": 4.0 / 5.25, "b": 1.0})
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+    assert BestFixedRouter.fit(episodes, pool, reward).model == "b"
