@@ -4,10 +4,6 @@ From the logged episodes in which one model answered every turn (`single_turn_ba
 mean discounted return (Eqs. 1-2 at the lambda, gamma and c_ref every other router uses) over its episodes; the
 router calls the best available model at every turn. It reads nothing of the task or the history: a router that
 does not beat it has learned nothing that one number per model could not.
-
-Logs with no such episode, where every turn was drawn with a recorded propensity (the exploring proxy's traffic:
-every turn a draw, none a commitment), give each model's return as a fixed model by weighted importance sampling
-instead (`weighted_fixed_returns`).
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import numpy as np
 from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelPool, Task
+from rivet_jax.data.validation import DataError
 from rivet_jax.evaluation import discounted_return
 
 BEST_FIXED = "Best fixed (train)"  # its name in every table and figure
@@ -41,11 +38,11 @@ class BestFixedRouter:
             if is_single_model(episode):
                 by_model[episode.turns[0].model].append(discounted_return(episode, reward))
         if not by_model:
-            weighted = weighted_fixed_returns(episodes, reward)
-            if not weighted:
-                raise ValueError("no logged episode committed to one model, and none with a propensity at every "
-                                 "turn: the best fixed model cannot be estimated")
-            return cls({m: weighted[m] for m in pool.names if m in weighted})
+            raise DataError("<training logs>", None, "turns[].propensity",
+                            "no logged episode committed to one model, so the best fixed model cannot be estimated "
+                            "(logs an exploring proxy recorded are draws at every turn): train on them together with "
+                            "logs that hold committed episodes, e.g. those the served router learned from, as "
+                            "launch.loop does")
         return cls({m: float(np.mean(by_model[m])) for m in pool.names if m in by_model})
 
     @property
@@ -58,18 +55,3 @@ class BestFixedRouter:
                 return model, 1.0
         raise ValueError(f"{self.name}: none of the available models {list(available)} was logged as a fixed "
                          f"model (known: {self.ranking})")
-
-
-def weighted_fixed_returns(episodes: Sequence[Episode], reward: Reward) -> dict[str, float]:
-    """Each model m's return as a fixed model, by weighted importance sampling over the episodes with a propensity at
-    every turn: sum_i w_i G_i / sum_i w_i, w_i = prod_t 1[m_it = m] / p_it (the episodes that happened to call m
-    throughout, each standing for the others its draws make unlikely). Models no such episode followed: absent."""
-    logged = [e for e in episodes if all(t.propensity is not None for t in e.turns)]
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for episode in logged:
-        first = episode.turns[0].model
-        if all(t.model == first for t in episode.turns):
-            w = float(np.prod([1.0 / t.propensity for t in episode.turns]))
-            totals[first][0] += w * discounted_return(episode, reward)
-            totals[first][1] += w
-    return {m: total / weight for m, (total, weight) in totals.items() if weight > 0}

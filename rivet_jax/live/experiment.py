@@ -44,6 +44,7 @@ from absl import logging
 from rivet_jax import loop, pipeline, runs, settings
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
+from rivet_jax.data.validation import DataError
 from rivet_jax.data.schema import read_episodes, read_model_cards, write_episodes, write_model_cards
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, run_episodes
@@ -115,13 +116,19 @@ def own_logs_check(config: ml_collections.ConfigDict, workdir: Path, sim: RouteS
     plain = without_live(with_overrides(config, {"data.episodes": str(workdir / RECORDED),
                                                  "data.cards": str(workdir / CARDS)}))
     logging.info("the own-logs path on the recorded traffic alone, into %s", workdir / "own_logs")
-    result = pipeline.fit(plain, workdir / "own_logs")
+    recorded = sum(r["episodes"] for r in loop.rounds_of(workdir))
+    try:
+        result = pipeline.fit(plain, workdir / "own_logs")
+    except DataError as error:   # e.g. no committed episode to estimate the best fixed model from
+        check = {"refused": str(error), "recorded_episodes": recorded}
+        atomic_write_text(path, json.dumps(check, indent=1) + "\n")
+        return check
     router = Router.from_checkpoint(workdir / "own_logs")
     test = [t.id for t in sim.tasks("test")]
     value = exact_value(sim, ServedPolicy(router), test, int(config.live.exact_rollouts), int(config.live.seed) + 1000,
                         reward)
     check = {"deployed": (result["deploy"] or {}).get("name"), "exact_test_regret": oracle_test - value,
-             "recorded_episodes": sum(r["episodes"] for r in loop.rounds_of(workdir))}
+             "recorded_episodes": recorded}
     atomic_write_text(path, json.dumps(check, indent=1) + "\n")
     return check
 
@@ -244,6 +251,7 @@ def write_report(workdir: Path, oracle_test: float) -> None:
     if check.exists():
         own = json.loads(check.read_text(encoding="utf-8"))
         lines += ["", f"The own-logs path (`launch.train`, the config's settings) on the {own['recorded_episodes']} "
-                      f"recorded episodes alone deploys {own['deployed']}: exact test regret "
-                      f"{own['exact_test_regret']:.4f}."]
+                      f"recorded episodes alone " + (f"refuses: {own['refused']}" if "refused" in own else
+                                                     f"deploys {own['deployed']}: exact test regret "
+                                                     f"{own['exact_test_regret']:.4f}.")]
     atomic_write_text(workdir / REPORT, "\n".join(lines) + "\n")
