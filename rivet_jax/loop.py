@@ -99,7 +99,8 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     """Steps 1-5 of a round (module docstring) on the served workdir; W/rounds/<r> holds its runs."""
     workdir = Path(workdir)
     settle(workdir)
-    number = len(rounds_of(workdir)) + 1
+    earlier_rounds = rounds_of(workdir)
+    number = len(earlier_rounds) + 1
     served = Router.from_checkpoint(workdir)
     recorded = recorded_path(config, workdir)
     if not recorded.exists():
@@ -122,7 +123,7 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     held_episodes = [e for e in trained.splits["validation"] if all(t.router is not None for t in e.turns)]
     recorded_total = sum(1 for split in trained.splits.values() for e in split
                          if all(t.router is not None for t in e.turns))
-    earlier = rounds_of(workdir)[-1]["recorded_total"] if number > 1 else 0
+    earlier = earlier_rounds[-1]["recorded_total"] if earlier_rounds else 0
     if not held_episodes:
         raise ValueError(f"none of the {recorded_total} recorded episodes is on a held-out task: record more traffic "
                          f"or raise config.loop.holdout")

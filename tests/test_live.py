@@ -29,20 +29,19 @@ from tests.test_serve_swap import deploy_fixed
 REWARD = Reward(0.05, 0.95, 1e-3)
 
 
-def served_proxy(workdir, sim, logdir):
-    """The proxy (greedy) in front of one RouteSim upstream, both in threads: yields (url, live episodes, proxy)."""
+def played(workdir, sim, logdir, tasks, seed, prefix):
+    """`tasks` played through the proxy (greedy, serving `workdir`) in front of one RouteSim upstream, both in
+    threads; episode i draws from rng((seed, i)) and is session f"{prefix}{i}". Returns (the episodes as the
+    simulator saw them, the seeds, the proxy)."""
     episodes = LiveEpisodes(sim)
-    upstream = ServerThread(upstream_app(episodes)).__enter__()
-    router = Router.from_checkpoint(workdir)
-    backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in router.pool.names}
-    proxy = Proxy(router, backends, Recorder(logdir, router.pool), serve.get_config(), workdir=workdir)
-    server = ServerThread(make_app(proxy)).__enter__()
-    return server, upstream, episodes, proxy
-
-
-def close(*servers):
-    for server in servers:
-        server.__exit__(None, None, None)
+    seeds = [(seed, i) for i in range(len(tasks))]
+    with ServerThread(upstream_app(episodes)) as upstream:
+        router = Router.from_checkpoint(workdir)
+        backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in router.pool.names}
+        proxy = Proxy(router, backends, Recorder(logdir, router.pool), serve.get_config(), workdir=workdir)
+        with ServerThread(make_app(proxy)) as server:
+            lived = play(server.url, episodes, tasks, seeds, [f"{prefix}{i}" for i in range(len(tasks))])
+    return lived, seeds, proxy
 
 
 def test_the_live_driver_reproduces_the_simulators_episodes_for_a_fixed_policy(demo_router_dir, tmp_path):
@@ -50,13 +49,8 @@ def test_the_live_driver_reproduces_the_simulators_episodes_for_a_fixed_policy(d
     workdir = tmp_path / "w"
     shutil.copytree(demo_router_dir, workdir)
     deploy_fixed(workdir, sim.pool.names, "quill-plus")           # the deployed router always calls quill-plus
-    server, upstream, episodes, proxy = served_proxy(workdir, sim, tmp_path / "log")
-    try:
-        tasks = [t.id for t in sim.tasks("train")[:6]]
-        seeds = [(5, i) for i in range(len(tasks))]
-        lived = play(server.url, episodes, tasks, seeds, [f"s{i}" for i in range(len(tasks))])
-    finally:
-        close(server, upstream)
+    tasks = [t.id for t in sim.tasks("train")[:6]]
+    lived, seeds, proxy = played(workdir, sim, tmp_path / "log", tasks, 5, "s")
     recorded = {e.episode_id.rsplit("@", 1)[0]: e
                 for e in read_episodes(proxy.recorder.episodes_path, sim.pool).episodes}
     for i, (task, live) in enumerate(zip(tasks, lived)):
@@ -78,13 +72,8 @@ def test_the_exact_evaluation_rolls_out_what_the_proxy_serves(demo_router_dir, t
     sim, _ = demo_corpus(1)
     workdir = tmp_path / "w"
     shutil.copytree(demo_router_dir, workdir)                   # no deployment: the trained router as it is
-    server, upstream, episodes, proxy = served_proxy(workdir, sim, tmp_path / "log")
-    try:
-        tasks = [t.id for t in sim.tasks("validation")[:5]]
-        seeds = [(9, i) for i in range(len(tasks))]
-        lived = play(server.url, episodes, tasks, seeds, [f"v{i}" for i in range(len(tasks))])
-    finally:
-        close(server, upstream)
+    tasks = [t.id for t in sim.tasks("validation")[:5]]
+    lived, seeds, _ = played(workdir, sim, tmp_path / "log", tasks, 9, "v")
     simulated = run_episodes(sim, tasks, ServedPolicy(Router.from_checkpoint(workdir)),
                              [np.random.default_rng(s) for s in seeds], [f"x{i}" for i in range(len(tasks))])
     assert [[t.model for t in e.turns] for e in lived] == [[t.model for t in e.turns] for e in simulated]

@@ -73,15 +73,16 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
     live = config.live
     sim = make_routesim(live.sim)
     training = cold_start(config, workdir)
-    reward = Router.from_checkpoint(workdir).reward
+    router = Router.from_checkpoint(workdir)   # the deployed router: its reward is every exact value's
+    reward = router.reward
     oracle_test = oracle.policy_report(sim, "test", reward, oracle_only=True)["oracle"]["return"]
     pool = read_model_cards(training.data.cards)
     episodes = LiveEpisodes(sim)
-    exploration = Exploration(live.exploration, float(live.epsilon), float(live.temperature), float(live.margin))
     with ServerThread(upstream_app(episodes)) as upstream:
         backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in pool.names}
         serve_config = serve_settings(live)
-        proxy = Proxy(Router.from_checkpoint(workdir), backends, Recorder(workdir / "serve", pool), serve_config,
+        exploration = Exploration.of(serve_config)   # the proxy's own reading, for the exact exploration cost
+        proxy = Proxy(router, backends, Recorder(workdir / "serve", pool), serve_config,
                       workdir=workdir)
         with ServerThread(make_app(proxy)) as server:
             loop.settle(workdir)
@@ -165,7 +166,7 @@ def without_live(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
 def play_round(url: str, episodes: LiveEpisodes, workdir: Path, number: int, live) -> int:
     """Round `number`'s episodes through the proxy, those already recorded (a resumed round) left out."""
     sim = episodes.sim
-    tasks = [t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)]
+    tasks = [t.id for t in traffic_tasks(sim)]
     draws = np.random.default_rng([int(live.seed), number]).integers(len(tasks), size=int(live.episodes))
     sessions = [f"r{number}-{k}" for k in range(len(draws))]
     done = recorded_sessions(workdir / "serve")
@@ -173,6 +174,11 @@ def play_round(url: str, episodes: LiveEpisodes, workdir: Path, number: int, liv
     play(url, episodes, [tasks[draws[k]] for k in todo], [(int(live.seed), number, k) for k in todo],
          [sessions[k] for k in todo])
     return len(todo)
+
+
+def traffic_tasks(sim: RouteSim) -> list:
+    """The tasks live traffic draws from: the train and validation splits (test is only for the exact report)."""
+    return [t for split in TRAFFIC_SPLITS for t in sim.tasks(split)]
 
 
 def recorded_sessions(logdir: Path) -> set[str]:
@@ -201,8 +207,8 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
     """The round's exact values (module docstring)."""
     rollouts, seed = int(live.exact_rollouts), int(live.seed) + 1000
     test = [t.id for t in sim.tasks("test")]
-    traffic = [t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)]
-    by_prompt = {t.prompt: t.id for split in TRAFFIC_SPLITS for t in sim.tasks(split)}
+    traffic = [t.id for t in traffic_tasks(sim)]
+    by_prompt = {t.prompt: t.id for t in traffic_tasks(sim)}
     held = [by_prompt[e.task.prompt] for e in result.held]
     before = exact_value(sim, ServedPolicy(served), test, rollouts, seed, reward)
     greedy = exact_value(sim, ServedPolicy(served), traffic, rollouts, seed, reward)

@@ -53,9 +53,10 @@ class ServedRouter:
         self.swaps = 0
         self.swap_error: tuple[str, str] | None = None     # (the version that failed to load, why)
 
-    def changed(self) -> bool:
-        """The deployment on disk is not the one served (nor one that already failed to load)."""
-        version = deployment_version(self.workdir)
+    def changed(self, version: str | None = None) -> bool:
+        """The deployment on disk (`version`, read when not given) is not the one served (nor one that already
+        failed to load)."""
+        version = version or deployment_version(self.workdir)
         return version != self.current[1] and (self.swap_error is None or self.swap_error[0] != version)
 
     def reload(self) -> dict:
@@ -64,10 +65,10 @@ class ServedRouter:
         if not self.hot_swap:
             return {"version": self.current[1], "swapped": False,
                     "error": "this proxy serves a fixed stage (config.router_stage) or no workdir: nothing to reload"}
-        if not self.changed():
-            failed = self.swap_error is not None and self.swap_error[0] == deployment_version(self.workdir)
+        version = deployment_version(self.workdir)   # deploy.json read and hashed once per reload
+        if not self.changed(version):
+            failed = self.swap_error is not None and self.swap_error[0] == version
             return {"version": self.current[1], "swapped": False, "error": self.swap_error[1] if failed else None}
-        version = deployment_version(self.workdir)
         try:
             router = Router.from_checkpoint(self.workdir)
             missing = [name for name in self.served if name not in router.pool]
