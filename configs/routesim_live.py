@@ -18,6 +18,9 @@ from rivet_jax.envs import routesim_config
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config = default.get_config(arg)   # the own-logs path's settings (`tiny`: seconds-long runs for tests)
+    # Each conservatism setting averaged over 5 seeds, as the reproduction's RIVET averages `reproduce.ensemble` runs:
+    # one run's Q_route is noisy enough to swap the order of close models.
+    config.deploy.seeds = 5
     live = config.live = ml_collections.ConfigDict()
     live.sim = routesim_config.sim_config()
     live.collect = ml_collections.ConfigDict({"split": "train", "seed": 0})   # the cold start's logs
@@ -42,4 +45,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         live.own_logs_check = False
         config.data.holdout.validation, config.data.holdout.test = 0.2, 0.1   # tiny holds out none by default
         config.deploy.resamples = 50
+        config.deploy.seeds = 2
     return config

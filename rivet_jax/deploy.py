@@ -81,19 +81,20 @@ class Candidate:
                 **choice.spec(names)}
 
 
-def candidates(runs: Mapping[str, str], stages: Sequence[str], shrinkage: Sequence[float],
+def candidates(runs: Mapping[str, Sequence[str]], stages: Sequence[str], shrinkage: Sequence[float],
                earlier: Mapping[str, Sequence[int]] = {}) -> list[Candidate]:
-    """Every candidate of the runs {setting name: directory} at their trained `stages` (and the `earlier` kept
-    epochs of a stage, {stage: epochs}): the best fixed model first (ties go to it), then per checkpoint each run
-    and (several runs) their ensemble, as trained and recentred at every k > 0 of `shrinkage`."""
-    first = next(iter(runs.values()))
+    """Every candidate of the runs {setting name: its directories (one per seed)} at their trained `stages` (and
+    the `earlier` kept epochs of a stage, {stage: epochs}): the best fixed model first (ties go to it), then per
+    checkpoint each setting (its seeds averaged) and (several settings) the ensemble of every run, as trained and
+    recentred at every k > 0 of `shrinkage`."""
+    first = next(iter(runs.values()))[0]
     out = [Candidate(BEST_FIXED, (first,), stages[-1], 0.0)]
     for stage in stages:
         for epoch in [*earlier.get(stage, ()), None]:
             at = stage if epoch is None else f"{stage}@{epoch}"
-            groups = [(f"{name} {at}", (directory,)) for name, directory in runs.items()]
+            groups = [(f"{name} {at}", tuple(directories)) for name, directories in runs.items()]
             if len(runs) > 1:
-                groups.append((f"ensemble {at}", tuple(runs.values())))
+                groups.append((f"ensemble {at}", tuple(d for directories in runs.values() for d in directories)))
             for name, dirs in groups:
                 out.append(Candidate(name, dirs, stage, epoch=epoch))
                 out += [Candidate(f"{name} k={k:g}", dirs, stage, float(k), epoch) for k in shrinkage if k > 0]
@@ -376,6 +377,19 @@ def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) ->
     """(M,) each model's mean logged return as a fixed model on `episodes` (the training tasks'); a model never
     logged alone gets the lowest floor (never the best fixed model; recentred, it can still be chosen)."""
     return floor_of(BestFixedRouter.fit(episodes, pool, reward), pool)
+
+
+def modelled_floor(fit: HeldOut, seed: int = 0) -> np.ndarray:
+    """(M,) each model's value as a fixed model by FQE on `fit` (the training episodes): the mean over their first
+    states of V(s) under "always m". For logs in which no episode stayed with one model by design (an exploring
+    proxy's draws at every turn), where a mean of logged returns has nothing to average: the few episodes whose
+    draws happened to stay with one model are mostly short, easy ones, and ranked a weak model first."""
+    num_states, num_models = len(fit.h), fit.logs.available.shape[1]
+    targets = np.broadcast_to(np.eye(num_models)[:, None, :], (num_models, num_states, num_models))  # (M, N, M)
+    iterations = fit.logs.live.shape[1]
+    ridge, _ = ope.choose_ridge(fit.logs, fit.features, targets, iterations, seed=seed)
+    fitted = ope.fit_fqe(fit.logs, fit.features, targets, np.ones(num_states), ridge, iterations)
+    return fitted.value[fit.logs.first][:, :, J].mean(axis=0)
 
 
 def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:

@@ -2,8 +2,9 @@
 
     logs -> their profile (data/profile.py: what they can teach; printed, <workdir>/logs_profile.json)
          -> the runs: the config's own in <workdir>, one per other conservatism setting in <workdir>/candidates/
-            (`config.deploy.alphas` x `cql_on`, deduplicated: on logs without draws CQL "on draws" is no CQL), as
-            one run group (train.train_group; a killed fit resumes every run)
+            (`config.deploy.alphas` x `cql_on`, deduplicated: on logs without draws CQL "on draws" is no CQL), each
+            `config.deploy.seeds` times (the seeds after the first in <its run>/seeds/<seed>: a setting's
+            candidates average them), as one run group (train.train_group; a killed fit resumes every run)
          -> the validated choice on the held-out validation tasks (deploy.py): deploy.json, selection.md
          -> the verdict on the held-out test tasks (verdict.py): verdict.json, verdict.md, printed
 
@@ -25,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import checkpointing, deploy, train
+from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
 from rivet_jax.data.files import atomic_write_text
@@ -34,6 +36,7 @@ from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
 from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
 from rivet_jax.envs.base import Env, RouterPolicy
+from rivet_jax.runs import member_seeds
 from rivet_jax.settings import with_overrides
 from rivet_jax.stage_run import stored_c_ref
 from rivet_jax.workdir_lock import hold_workdir
@@ -95,7 +98,8 @@ def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Calla
 class Trained:
     """A workdir's trained runs and what they were trained on."""
 
-    runs: dict[str, str]                # conservatism setting -> run directory, relative to the workdir
+    runs: dict[str, tuple[str, ...]]    # conservatism setting -> its runs' directories (one per seed), relative to
+                                        # the workdir; the config's own run is the first, "."
     prepared: PreparedData
     splits: dict[str, list[Episode]]    # the logs by task split
     profile: LogsProfile
@@ -114,14 +118,21 @@ def train_runs(config, workdir: Path, env: Env | None, on_epoch_end: Callable | 
         logging.info("logs: %s", line)
     validated = config.deploy.enabled and (env is not None or bool(splits["validation"]))
     settings = conservatism(config, profile) if validated else {}
-    runs = {name: "." if i == 0 else f"candidates/{name}" for i, name in enumerate(settings)} or {"": "."}
+    seeds = member_seeds(int(config.seed), int(config.deploy.seeds)) if validated else [int(config.seed)]
     cache = str(cache_dir(config, workdir))
-    configs = [config] + [with_overrides(config, {**overrides, "data.embedding_cache": cache})
-                          for overrides in list(settings.values())[1:]]
-    log(f"training {len(configs)} run(s): {', '.join(settings) or 'the config as given'}")
+    runs: dict[str, tuple[str, ...]] = {}
+    configs, dirs = [], []
+    for i, (name, overrides) in enumerate((settings or {"": {}}).items()):
+        first = "." if i == 0 else f"candidates/{name}"
+        runs[name] = tuple(first if k == 0 else f"{first}/seeds/{seed}" for k, seed in enumerate(seeds))
+        for k, (directory, seed) in enumerate(zip(runs[name], seeds)):
+            configs.append(config if i == k == 0 else with_overrides(
+                config, {**overrides, "seed": seed, "data.embedding_cache": cache}))
+            dirs.append(workdir / directory)
+    log(f"training {len(configs)} run(s): {', '.join(settings) or 'the config as given'}"
+        + (f", {len(seeds)} seeds each" if len(seeds) > 1 else ""))
     hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
-    train.train_group(configs, [workdir / d for d in runs.values()], hook, env, [prepared] * len(configs),
-                      held=True)
+    train.train_group(configs, dirs, hook, env, [prepared] * len(configs), held=True)
     return Trained(runs, prepared, splits, profile, validated)
 
 
@@ -153,14 +164,20 @@ def scorer_of(config, workdir: Path, trained: Trained, env: Env | None) -> deplo
     tasks, the training states the centres are means over, whether the deployed router commits."""
     prepared = trained.prepared
     commit = deploy.commits(trained.profile, env is not None)
-    floor = deploy.fixed_floor(trained.splits["train"], prepared.pool, Reward.of(config, prepared.c_ref))
+    reward, train_episodes = Reward.of(config, prepared.c_ref), trained.splits["train"]
+    if any(is_single_model(e) for e in train_episodes):
+        floor = deploy.fixed_floor(train_episodes, prepared.pool, reward)
+    else:   # only an exploring proxy's draws
+        store = embedding_store(config, prepared.encoder, workdir)
+        floor = deploy.modelled_floor(deploy.held_out(train_episodes, prepared.pool, store, config.max_state_tokens,
+                                                      reward), int(config.deploy.seed))
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
     rows = replay.state[first] if commit else replay.state                                          # (S,)
     return deploy.Scorer(workdir, prepared.pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
 
 
-def candidates_of(config, workdir: Path, runs: dict[str, str]) -> list[deploy.Candidate]:
+def candidates_of(config, workdir: Path, runs: dict[str, tuple[str, ...]]) -> list[deploy.Candidate]:
     """Every candidate of the trained runs (`deploy.candidates`: stages, kept TD epochs, ensembles, shrinkage)."""
     return deploy.candidates(runs, train.stages_of(config), config.deploy.shrinkage,
                              {"td": earlier_td_epochs(config, workdir)})

@@ -26,6 +26,12 @@ from rivet_jax.settings import with_overrides
 MAIN = "RIVET (ours)"  # the router's name in every table, figure and verdict
 
 
+def member_seeds(seed: int, members: int) -> list[int]:
+    """The training seeds of one ensemble: the seed's own run, then seed + 1000, seed + 2000, ... (distinct across
+    an experiment's seeds while those are less than 1000 apart)."""
+    return [seed + 1000 * m for m in range(members)]
+
+
 def slug(name: str) -> str:
     """A variant's directory name: "w/o CQL" -> "no_cql", "zero response (beta=1)" -> "zero_response_beta1"."""
     return (name.lower().replace("w/o ", "no_").replace(" ", "_").replace("=", "").replace("(", "")

@@ -221,6 +221,8 @@ SETTINGS: dict[str, Setting] = {
     "deploy.cql_on": Setting("where CQL applies, in the conservatism grid", lambda v: isinstance(v, (tuple, list))
                              and all(x in CQL_ON for x in v), f"a list of {' / '.join(CQL_ON)}",
                              default=('stochastic', 'all')),
+    "deploy.seeds": Setting("runs per conservatism setting, each from its own seed (initialisation and shuffles); a "
+                            "setting's candidates average their Q_route", *_INT1, default=1),
     "deploy.shrinkage": Setting("the shrinkage k > 0 of the recentred candidates (k = 0, the best fixed model, is "
                                 "always one)", lambda v: isinstance(v, (tuple, list))
                                 and all(within(0.0, 1.0)(x) for x in v), "a list of numbers in [0, 1]",

@@ -3,6 +3,7 @@ fixed model on validation, loaded by default, and a verdict whose every warning 
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -199,6 +200,64 @@ def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(t
     assert json.loads((workdir / "verdict.json").read_text())["deployed"] == deploy.BEST_FIXED
     # an explicit stage still loads the trained checkpoint as it is
     assert Router.from_checkpoint(workdir, stage="td").recentring is None
+
+
+def test_candidates_average_a_settings_seeds_and_the_ensemble_takes_every_run():
+    """Two settings of two seeds each: per checkpoint, each setting is one candidate over its two runs, the
+    ensemble one over all four, each also recentred; the best fixed model is read from the config's own run."""
+    runs = {"a": (".", "./seeds/1000"), "b": ("candidates/b", "candidates/b/seeds/1000")}
+    out = deploy.candidates(runs, ["td"], (0.5,))
+    assert [(c.name, c.runs, c.k) for c in out] == [
+        (deploy.BEST_FIXED, (".",), 0.0),
+        ("a td", runs["a"], None), ("a td k=0.5", runs["a"], 0.5),
+        ("b td", runs["b"], None), ("b td k=0.5", runs["b"], 0.5),
+        ("ensemble td", runs["a"] + runs["b"], None), ("ensemble td k=0.5", runs["a"] + runs["b"], 0.5)]
+
+
+def test_seeded_runs_are_trained_per_setting_and_deployed_together(tmp_path):
+    """deploy.seeds = 2: every conservatism setting is trained twice, from seeds s and s + 1000 (on the same data,
+    their trained parameters differ), and a deployed setting loads both runs."""
+    episodes = [ab_episode(f"t{i:02d}", m, int(m == "ace" or (m == "bee" and i % 2)), family=f"f{i % 2}")
+                for i in range(40) for m in NAMES]
+    write_episodes(tmp_path / "episodes.jsonl", episodes)
+    write_model_cards(tmp_path / "cards.json", POOL)
+    config = with_overrides(default.get_config("tiny"), {
+        "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json"),
+        "data.holdout.validation": 0.25, "data.holdout.test": 0.25, "deploy.resamples": 20,
+        "deploy.alphas": (0.0,), "deploy.cql_on": ("all",), "loss.alpha": 0.01, "deploy.seeds": 2})
+    workdir = tmp_path / "W"
+    result = fit(config, workdir)
+    document = json.loads((workdir / "deploy.json").read_text())
+    names = [row["policy"] for row in document["candidates"]]
+    assert "alpha=0.01,cql_on=all td" in names and "alpha=0 td" in names and "ensemble td" in names
+    seed = int(config.seed) + 1000
+    own, other = Router.from_checkpoint(workdir, stage="td"), Router.from_checkpoint(workdir / f"seeds/{seed}", stage="td")
+    assert other.config.seed == seed and own.config.seed == config.seed
+    assert Router.from_checkpoint(workdir / f"candidates/alpha=0/seeds/{seed}", stage="td").config.loss.alpha == 0.0
+    first = lambda router: np.asarray(jax.tree_util.tree_leaves(router._params)[0])
+    assert not np.allclose(first(own), first(other))
+    if result["deploy"]["name"] != deploy.BEST_FIXED:
+        assert len(result["deploy"]["runs"]) in (2, 4)
+
+
+def test_on_an_exploring_proxys_logs_alone_the_best_fixed_model_is_valued_by_fqe(tmp_path):
+    """One-turn episodes, the model drawn uniformly (propensity 1/3, none committed): ace solves every task, bee and
+    cat none. Each fixed model's value by FQE is then its one-turn return whatever the state (the intercept fits a
+    constant target exactly), so the floor is ace's, bee's and cat's return by hand and ace is the best fixed model."""
+    from rivet_jax.encoders import embedding_store, make_encoder
+    rng = np.random.default_rng(0)
+    episodes = []
+    for i in range(60):
+        model = NAMES[int(rng.integers(3))]
+        task = Task(f"t{i:02d}", f"Task t{i:02d}: add the numbers of line {i}.", family=f"f{i % 2}")
+        episodes.append(Episode(f"t{i:02d}/{i}", task, (turn(model, cost=0.02, propensity=1 / 3),),
+                                int(model == "ace")))
+    config = default.get_config("tiny")
+    reward = Reward(0.5, 0.9, 0.01)
+    store = embedding_store(config, make_encoder(config.encoder), tmp_path)
+    floor = deploy.modelled_floor(deploy.held_out(episodes, POOL, store, config.max_state_tokens, reward))
+    by_hand = [1.0 - 0.5 * 0.02 / 0.01, 0.0 - 0.5 * 0.02 / 0.01, 0.0 - 0.5 * 0.02 / 0.01]   # outcome - lam cost/c_ref
+    np.testing.assert_allclose(floor, by_hand, atol=1e-3)
 
 
 @pytest.mark.slow

@@ -38,9 +38,9 @@ from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
-from rivet_jax.experiments.common import ONE_RUN, member_seeds, pessimistic
+from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Progress
-from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants, training_config
+from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
