@@ -54,11 +54,11 @@ def test_explored_traffic_alone_is_refused_with_what_to_do():
     # Every turn a draw (propensity < 1), as the exploring proxy records: no episode is a commitment to one model.
     # Weighting the few that called one model throughout by their propensities was tried (issue 39's note): on the
     # RouteSim live experiment's 1,600 recorded episodes it ranked quill-9b first at 0.98 and the deployed router's
-    # exact test regret was 0.56. Refused, saying what to train on instead.
+    # exact test regret was 0.56. Refused, naming the model-based value launch.train uses there instead.
     from rivet_jax.data.replay import Reward
     from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 
     turns = (Turn("a", "r", "", 1, 1, 0.0, propensity=0.7), Turn("a", "r", "", 1, 1, 0.0, propensity=0.7, done=True))
     pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
-    with pytest.raises(ValueError, match="together with logs"):
+    with pytest.raises(ValueError, match="modelled_floor"):
         BestFixedRouter.fit([Episode("e", Task("t", "p"), turns, 1)], pool, Reward(0.0, 1.0, 1.0))

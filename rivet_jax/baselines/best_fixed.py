@@ -39,10 +39,9 @@ class BestFixedRouter:
                 by_model[episode.turns[0].model].append(discounted_return(episode, reward))
         if not by_model:
             raise DataError("<training logs>", None, "turns[].propensity",
-                            "no logged episode committed to one model, so the best fixed model cannot be estimated "
-                            "(logs an exploring proxy recorded are draws at every turn): train on them together with "
-                            "logs that hold committed episodes, e.g. those the served router learned from, as "
-                            "launch.loop does")
+                            "no logged episode committed to one model, so no model's return as a fixed model was "
+                            "logged (logs an exploring proxy recorded are draws at every turn): value them with a "
+                            "model of the logs instead, as launch.train does there (deploy.modelled_floor, FQE)")
         return cls({m: float(np.mean(by_model[m])) for m in pool.names if m in by_model})
 
     @property
