@@ -51,9 +51,10 @@ from rivet_jax.data.profile import LogsProfile
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
+from rivet_jax.deployment_file import DEPLOY_FILE
 from rivet_jax.encoders import EmbeddingStore
 from rivet_jax.envs.base import Env, Policy
-from rivet_jax.router import DEPLOY_FILE, Choice, Recentring, Router, keep_previous
+from rivet_jax.router import Choice, Recentring, Router, keep_previous
 
 SELECTION_FILE = "selection.md"
 CHANNELS = ope.CHANNELS          # return J (Eq. 2, discounted), success, dollar cost per episode

@@ -41,8 +41,9 @@ from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards, write_episodes
 from rivet_jax.data.splits import MANIFEST
+from rivet_jax.deployment_file import read_deployment_spec
 from rivet_jax.encoders import cache_dir, embedding_store
-from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.router import Router
 from rivet_jax.serve.served import deployment_version
 from rivet_jax.settings import with_overrides
 from rivet_jax.workdir_lock import hold_workdir
@@ -78,7 +79,7 @@ def settle(workdir: Path) -> None:
     if not rounds or not rounds[-1]["promoted"]:
         return
     spec = rounds[-1]["deploy"]
-    current = json.loads((workdir / DEPLOY_FILE).read_text(encoding="utf-8"))["deploy"]
+    current = read_deployment_spec(workdir)
     if current != spec:
         logging.info("round %d's promotion was on record but not deployed: deploying it now", rounds[-1]["round"])
         deploy.write_deployment(workdir, spec, {"promoted_by": "launch.loop", "round": rounds[-1]["round"]})

@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -35,13 +34,13 @@ from rivet_jax.data.cards import card_features, placeholder_cards, with_new_card
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn
 from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
+from rivet_jax.deployment_file import check_models, has_deployment, read_deployment_spec
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
 from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
 
 # A history turn: a Turn, or any mapping with "response" and "feedback" (and optionally "model").
 HistoryTurn = Turn | Mapping[str, str]
-DEPLOY_FILE = "deploy.json"  # a workdir's validated choice (rivet_jax/deploy.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +186,7 @@ class Router:
         intact one, with a warning; parameters holding NaN or inf are refused (NonFiniteError). `epoch`: that
         epoch's checkpoint of the stage instead of the latest (one the run kept).
         """
-        if stage is None and (Path(workdir) / DEPLOY_FILE).exists():
+        if stage is None and has_deployment(workdir):
             return cls.deployed(workdir, encoder=encoder, pool=pool)
         stage = stage or checkpointing.latest_stage(workdir, checkpointing.ROUTER_STAGES)
         if stage is None:
@@ -209,15 +208,11 @@ class Router:
                  pool: ModelPool | None = None) -> "Router":
         """The router `workdir/deploy.json` names (written by `rivet_jax.fit`): its runs' checkpoints of its stage
         (an ensemble when several), with its recentring and commitment."""
-        path = Path(workdir) / DEPLOY_FILE
-        try:
-            spec = json.loads(path.read_text(encoding="utf-8"))["deploy"]
-            runs, stage, epoch = [Path(workdir) / run for run in spec["runs"]], spec["stage"], spec.get("epoch")
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not a deployment written by rivet_jax.fit ({error!r}); load a stage "
-                             f"explicitly (stage='td') or refit") from error
-        members = [cls.from_checkpoint(run, stage=stage, encoder=encoder, pool=pool, epoch=epoch) for run in runs]
+        spec = read_deployment_spec(workdir)   # every field checked first: a DataError naming it (deployment_file)
+        members = [cls.from_checkpoint(Path(workdir) / run, stage=spec["stage"], encoder=encoder, pool=pool,
+                                       epoch=spec.get("epoch")) for run in spec["runs"]]
         router = members[0] if len(members) == 1 else cls.ensemble(members)
+        check_models(spec, router.pool.names, workdir)
         return router.with_choice(Choice.from_spec(spec, router.pool.names))
 
     @classmethod

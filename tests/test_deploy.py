@@ -121,7 +121,12 @@ def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_d
     assert deployed.route(task, history, available=[names[0], names[2]]).model in (names[0], names[2])
     assert Router.from_checkpoint(workdir, stage="td").route(task, []).model == raw.route(task, []).model
     (workdir / "deploy.json").write_text("{not json")
-    with pytest.raises(ValueError, match="not a deployment written by rivet_jax.fit"):
+    with pytest.raises(ValueError, match="deploy.json:1: field '<file>': not JSON"):
+        Router.from_checkpoint(workdir)
+    del spec["recentring"]["floor"][names[0]]                     # a recentring that misses one of the pool's models
+    (workdir / "deploy.json").write_text(json.dumps({"deploy": spec}))
+    with pytest.raises(ValueError, match=f"field 'deploy.recentring.floor': no value for the router's models "
+                                         f"\\['{names[0]}'\\]"):
         Router.from_checkpoint(workdir)
 
 

@@ -44,14 +44,15 @@ from absl import logging
 from rivet_jax import loop, pipeline, runs, settings
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.validation import DataError
 from rivet_jax.data.schema import read_episodes, read_model_cards, write_episodes, write_model_cards
+from rivet_jax.data.validation import DataError
+from rivet_jax.deployment_file import DEPLOY_FILE
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
-from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.router import Router
 from rivet_jax.serve.app import Proxy, make_app
 from rivet_jax.serve.fake import ServerThread
 from rivet_jax.serve.policy import Exploration

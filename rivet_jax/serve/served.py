@@ -17,7 +17,8 @@ from typing import Sequence
 
 from absl import logging
 
-from rivet_jax.router import DEPLOY_FILE, Router
+from rivet_jax.deployment_file import DEPLOY_FILE
+from rivet_jax.router import Router
 from rivet_jax.serve.upstream import redact
 
 __all__ = ["ServedRouter", "deployment_version", "warm_up"]
@@ -27,9 +28,12 @@ def deployment_version(workdir: str | os.PathLike | None, stage: str = "") -> st
     """The version of the router a workdir serves: its deployment's content digest (`deploy:<sha256 prefix>`), or
     the stage served (`stage:<stage>`; 'last' without a deployment: the last trained stage)."""
     path = None if workdir is None or stage else Path(workdir) / DEPLOY_FILE
-    if path is None or not path.exists():
+    if path is None or not os.path.lexists(path):
         return f"stage:{stage or 'last'}"
-    return "deploy:" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    try:
+        return "deploy:" + hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError as error:   # a directory, a dangling symlink, unreadable: a version loading it will refuse
+        return f"deploy:unreadable ({type(error).__name__})"
 
 
 def warm_up(router: Router, max_batch: int = 16) -> None:
