@@ -3,7 +3,8 @@
 Layout: `<workdir>/checkpoints/<stage>/<epoch>/{state,meta,checksums.json}`. `state` is the array pytree (params,
 target params, optimizer state, step, PRNG key data); `meta` is JSON: the config, the candidate pool's cards, the
 encoder's fingerprint, the corpus digest, c_ref, the stage and the number of completed epochs; `checksums.json`
-holds the sha256 of every file of the two, written once the save has landed. Nothing is pickled.
+holds the sha256 of every file of the two, written once the save has landed. Nothing is pickled. Older checkpoints
+are deleted only after that (`max_to_keep`, `keep_period`): a kill at any point of a save leaves an intact one.
 
 A checkpoint whose files no longer match their checksums (a truncated or overwritten file, a missing item, a save
 cut short) is damaged: the newest intact one is used instead, with a warning naming the damaged one, and a
@@ -65,10 +66,12 @@ class StageCheckpoints:
                  keep_period: int | None = None):
         self.directory = stage_dir(workdir, stage)
         self._latest = newest_intact(self.directory, repair)
+        self.max_to_keep, self.keep_period = max_to_keep, keep_period
         # Synchronous saves: a save has landed on disk when `save` returns, so a kill right after loses nothing.
-        # keep_period: epochs that are its multiples are never deleted (candidates of the validated choice).
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, keep_period=keep_period, create=True,
-                                               enable_async_checkpointing=False)
+        # Orbax keeps every step: older ones are deleted here (`_prune`), only once the new one is verified. Orbax's
+        # own max_to_keep deletes them inside its save, before our checksums land: a kill between the two left one
+        # unverified step and nothing to resume from at max_to_keep = 1.
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True, enable_async_checkpointing=False)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     def latest_epoch(self) -> int | None:
@@ -83,6 +86,17 @@ class StageCheckpoints:
         if jax.process_index() == 0:
             write_checksums(self.directory / str(epoch))
         self._latest = epoch
+        self._prune()
+
+    def _prune(self) -> None:
+        """Deletes the steps older than the newest `max_to_keep` (those at multiples of `keep_period` stay: the
+        validated choice's candidates); called once the newest is verified, so an intact one always remains."""
+        if self.max_to_keep is None:
+            return
+        older = sorted((s for s in self._manager.all_steps() if s < self._latest), reverse=True)
+        for step in older[self.max_to_keep - 1:]:
+            if not (self.keep_period and step % self.keep_period == 0):
+                self._manager.delete(step)
 
     def restore_meta(self, epoch: int | None = None) -> dict:
         epoch = self._existing(epoch)

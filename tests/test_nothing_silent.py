@@ -247,6 +247,46 @@ def test_training_resumes_from_the_newest_intact_checkpoint_to_the_same_paramete
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_kill_inside_a_save_leaves_a_checkpoint_to_resume_from_whatever_is_kept(tmp_path, monkeypatch, keep):
+    """A kill after orbax's save and before the checksums land (issue 40): at checkpoints_to_keep = 1 orbax had
+    already deleted the previous step inside its save, leaving one unverified step and nothing to resume from. The
+    previous step must stay until the new one is verified; the resumed run saves that epoch again."""
+    def state(k):
+        return {"w": jnp.arange(3.0) + k}
+
+    checkpoints = checkpointing.StageCheckpoints(tmp_path, "mc", max_to_keep=keep, repair=True)
+    checkpoints.save(1, state(1), {"epoch_note": 1})
+    checkpoints.save(2, state(2), {"epoch_note": 2})
+
+    def killed(step):
+        raise KeyboardInterrupt  # SIGINT / SIGTERM delivered between the save and its checksums
+    monkeypatch.setattr(checkpointing, "write_checksums", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.save(3, state(3), {"epoch_note": 3})
+    monkeypatch.undo()
+    checkpoints.close()
+
+    resumed = checkpointing.StageCheckpoints(tmp_path, "mc", max_to_keep=keep, repair=True)
+    assert resumed.latest_epoch() == 2
+    restored, meta = resumed.restore({"w": jnp.zeros(3)})
+    np.testing.assert_array_equal(restored["w"], state(2)["w"])
+    assert meta["epoch_note"] == 2
+    resumed.save(3, state(3), {"epoch_note": 3})
+    assert resumed.epochs() == [2, 3][-keep:]
+
+
+def test_old_steps_are_pruned_to_the_newest_kept_and_the_kept_period(tmp_path):
+    checkpoints = checkpointing.StageCheckpoints(tmp_path, "td", max_to_keep=1, keep_period=2, repair=True)
+    for epoch in range(1, 6):
+        checkpoints.save(epoch, {"w": jnp.ones(2) * epoch}, {})
+    assert checkpoints.epochs() == [2, 4, 5]
+    everything = checkpointing.StageCheckpoints(tmp_path / "all", "td", max_to_keep=None)
+    for epoch in range(1, 4):
+        everything.save(epoch, {"w": jnp.ones(2) * epoch}, {})
+    assert everything.epochs() == [1, 2, 3]
+
+
 def test_no_intact_checkpoint_is_a_clear_error(trained, tmp_path):
     workdir = copy_of(trained, tmp_path)
     for epoch in ("1", "2"):
