@@ -113,6 +113,7 @@ class StageCheckpoints:
         """Only the network parameters of `epoch` (default: the latest), shaped like `like_params` (arrays or
         `jax.ShapeDtypeStruct`s), and the meta: what a router needs, without the optimizer that trained them."""
         epoch = self._existing(epoch)
+        self._check_shapes(epoch, like_params)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = {"params": abstract_tree(like_params, device)}
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)  # onto one device, whoever saved it
@@ -120,6 +121,22 @@ class StageCheckpoints:
             state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
             meta=ocp.args.JsonRestore()))
         return restored["state"]["params"], restored["meta"]
+
+    def _check_shapes(self, epoch: int, like_params: Any) -> None:
+        """CheckpointMismatchError listing the stored parameters whose shapes differ from `like_params`' (what the
+        checkpoint's own config and meta imply): an edited or mixed-up checkpoint, named instead of orbax's trace."""
+        step_metadata = ocp.PyTreeCheckpointer().metadata(self.directory / str(epoch) / "state")   # no array read
+        stored = step_metadata.item_metadata.tree.get("params", {})
+        stored_shapes = dict(jax.tree_util.tree_leaves_with_path(jax.tree.map(_shape_text, stored,
+                                                                              is_leaf=_is_array_metadata)))
+        expected = dict(jax.tree_util.tree_leaves_with_path(jax.tree.map(_shape_text, like_params)))
+        differ = [f"{jax.tree_util.keystr(path)} {stored_shapes.get(path, 'missing')} stored, {shape} expected"
+                  for path, shape in expected.items() if stored_shapes.get(path) != shape]
+        if differ:
+            raise CheckpointMismatchError(
+                f"{self.directory / str(epoch)}: its parameters do not have the shapes its config and meta give "
+                f"({'; '.join(differ[:4])}{'; ...' if len(differ) > 4 else ''}): the checkpoint was changed or "
+                f"mixed up with another run's")
 
     def close(self) -> None:
         self._manager.close()
@@ -206,6 +223,14 @@ def _move_aside(step: Path) -> Path:
     if jax.process_index() == 0:
         step.rename(target)
     return target
+
+
+def _shape_text(x: Any) -> str:  # a string: a shape tuple would be a pytree node, not a leaf
+    return str(tuple(x.shape))
+
+
+def _is_array_metadata(x: Any) -> bool:
+    return hasattr(x, "shape") and not isinstance(x, (dict, list, tuple))
 
 
 def non_finite_leaves(tree: Any) -> list[str]:

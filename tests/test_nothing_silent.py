@@ -312,6 +312,23 @@ def test_router_refuses_non_finite_parameters(trained, tmp_path):
         Router.from_checkpoint(workdir)
 
 
+def test_parameters_of_other_shapes_than_the_meta_gives_are_one_mismatch_error(trained, tmp_path):
+    """A checkpoint whose stored arrays disagree with the width its own config and meta give (a checkpoint saved
+    again with another network, its checksums rewritten): the router names the step and the first differing
+    parameters instead of orbax's trace."""
+    workdir = copy_of(trained, tmp_path)
+    checkpoints = checkpointing.StageCheckpoints(workdir, "mc")
+    state, meta = checkpoints.restore(None)
+    wider = jax.tree.map(lambda x: jnp.zeros((*x.shape[:-1], x.shape[-1] + 1), x.dtype) if x.ndim else x,
+                         state["params"])
+    checkpoints.save(3, {**state, "params": wider}, meta)
+    checkpoints.close()
+    with pytest.raises(checkpointing.CheckpointMismatchError,
+                       match=r"mc/3: its parameters do not have the shapes its config and meta give \(\[.* stored, "
+                             r".* expected"):
+        Router.from_checkpoint(workdir)
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_training_never_saves_non_finite_parameters(tmp_path):
