@@ -512,6 +512,21 @@ def test_a_session_id_with_slashes_or_unicode_is_closed_by_its_outcome(start, se
     ('{"model": "rivet", "model": "other", "messages": []}', "duplicate key"),
     ('{"model": "rivet", "messages": [', "invalid JSON"),
     ('[1, 2]', "must be a JSON object"),
+    # fields the chat-completions API does not have, or of the wrong type (issue 40): refused, never forwarded
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "n": true}', "'n' must be an integer"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "stream_options": "yes"}',
+     "'stream_options' must be an object"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "stream": "true"}',
+     "'stream' must be true or false"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "temperature": "0.5"}',
+     "'temperature' must be a number"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}',
+     "'max_tokens' must be an integer"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "stop": [1]}',
+     "'stop' must be a string or a list of strings"),
+    ('{"model": 7, "messages": [{"role": "user", "content": "x"}]}', "'model' must be a string"),
+    ('{"model": "rivet", "messages": [{"role": "user", "content": "x"}], "tempreature": 0.5}',
+     "unknown field 'tempreature'"),
 ])
 def test_a_hostile_body_is_400_with_why(start, body, why):
     url, proxy = start()

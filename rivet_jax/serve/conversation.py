@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
@@ -106,19 +107,59 @@ def read_request(body: Any) -> Conversation:
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     if "messages" not in body:
         raise RequestError("the request has no 'messages'")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"'stream' must be true or false, got {stream!r}")
-    if body.get("n", 1) not in (1, None):
+    check_fields(body)
+    stream = body.get("stream") or False
+    if body.get("n") not in (1, None):
         raise RequestError(f"'n' must be 1: a routed turn is one call of one model, got {body.get('n')!r}")
     user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise RequestError(f"'user' must be a string, got {type(user).__name__}")
     try:
         task, history = routing_state(converter_messages(body["messages"]))
     except DataError as error:
         raise RequestError(f"{error.field}: {error.why}") from None
     return Conversation(body=dict(body), task=task, history=history, stream=stream, user=user or None)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+# Every field of OpenAI's chat-completions request and what its value must be (null is always allowed): a field
+# the proxy does not know, or one of the wrong type, is refused with 400 as OpenAI's API refuses it, rather than
+# forwarded to an upstream that may read it otherwise (`n: true` would ask for one completion per... true).
+_FIELDS: dict[str, tuple[str, Any]] = {
+    "model": ("a string", lambda v: isinstance(v, str)), "messages": ("a list", lambda v: isinstance(v, list)),
+    "stream": ("true or false", lambda v: isinstance(v, bool)),
+    "stream_options": ("an object", lambda v: isinstance(v, dict)),
+    "n": ("an integer", _integer), "user": ("a string", lambda v: isinstance(v, str)),
+    **{k: ("a number", _number) for k in ("temperature", "top_p", "frequency_penalty", "presence_penalty")},
+    **{k: ("an integer", _integer) for k in ("max_tokens", "max_completion_tokens", "seed", "top_logprobs")},
+    "stop": ("a string or a list of strings", _strings),
+    **{k: ("true or false", lambda v: isinstance(v, bool)) for k in ("logprobs", "parallel_tool_calls", "store")},
+    **{k: ("a list", lambda v: isinstance(v, list)) for k in ("tools", "functions", "modalities")},
+    **{k: ("a string or an object", lambda v: isinstance(v, (str, dict))) for k in ("tool_choice", "function_call")},
+    **{k: ("an object", lambda v: isinstance(v, dict)) for k in ("response_format", "logit_bias", "metadata", "audio",
+                                                                 "prediction", "web_search_options")},
+    **{k: ("a string", lambda v: isinstance(v, str)) for k in ("service_tier", "reasoning_effort", "verbosity",
+                                                               "prompt_cache_key", "safety_identifier")},
+}
+
+
+def check_fields(body: Mapping) -> None:
+    """RequestError for a field the chat-completions API does not have, or a value of the wrong type (`_FIELDS`)."""
+    for key, value in body.items():
+        if key not in _FIELDS:
+            raise RequestError(f"unknown field {key!r}: the chat-completions request has no such field")
+        what, valid = _FIELDS[key]
+        if value is not None and not valid(value):
+            raise RequestError(f"{key!r} must be {what}, got {json.dumps(value)[:60]}")
 
 
 def session_id(conversation: Conversation, header: str | None) -> str:
