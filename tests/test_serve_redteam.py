@@ -497,6 +497,18 @@ def test_a_session_id_with_slashes_or_unicode_is_closed_by_its_outcome(start, se
     assert close(url, session).status_code == 200 and episodes(proxy)[0].episode_id.startswith(session)
 
 
+def test_a_utf8_session_header_is_the_session_it_names(start):
+    """HTTP headers are bytes; a client sending the session 'café' in UTF-8 must find it under that name (Starlette
+    reads headers as Latin-1: it was recorded as 'cafÃ©'), and bytes that are not UTF-8 are a 400."""
+    url, proxy = start()
+    reply = post(url, {"model": "rivet", "messages": MESSAGES}, session=None,
+                 headers={"x-rivet-session": "café".encode("utf-8")})
+    assert reply.status_code == 200 and unquote(reply.headers["x-rivet-session"]) == "café"
+    assert close(url, "café").status_code == 200 and episodes(proxy)[0].episode_id.startswith("café")
+    reply = post(url, {"model": "rivet", "messages": MESSAGES}, session=None, headers={"x-rivet-session": b"\xff"})
+    assert reply.status_code == 400 and "not UTF-8" in error_message(reply)
+
+
 # ------------------------------------------------------------------------------------------ 7. client input
 
 

@@ -259,6 +259,18 @@ def serve(proxy: Proxy) -> None:
     uvicorn.run(make_app(proxy), host=proxy.config.host, port=proxy.config.port, log_level="warning")
 
 
+def _text_header(request: Request, name: str) -> str | None:
+    """A header's value as text: HTTP carries bytes, which Starlette decodes as Latin-1; clients send UTF-8 (a
+    session id 'café' arrives as 'cafÃ©' otherwise). Bytes that are not UTF-8 are a RequestError."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise RequestError(f"the {name} header is not UTF-8") from None
+
+
 async def _chat_completions(request: Request) -> Response:
     received = time.perf_counter()
     proxy: Proxy = request.app.state.proxy
@@ -267,9 +279,9 @@ async def _chat_completions(request: Request) -> Response:
     try:
         conversation = read_request(await _json(request, proxy))
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
-        given = request.headers.get(proxy.config.session_header) or conversation.user
+        given = _text_header(request, proxy.config.session_header) or conversation.user
         session = checked_text(session_id(conversation, given), "session id")
-        family = request.headers.get(FAMILY_HEADER) or proxy.config.get("task_family") or None
+        family = _text_header(request, FAMILY_HEADER) or proxy.config.get("task_family") or None
         if family is not None:
             family = checked_text(family, "task family")
     except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
