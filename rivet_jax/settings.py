@@ -277,6 +277,8 @@ SERVE_SETTINGS: dict[str, Setting] = {
     "max_attempts": Setting("candidates tried per request before answering 502", *_INT1, default=3),
     "timeout_s": Setting("an upstream call's read timeout (a hang is a fault)", *_SECONDS, default=120.0),
     "connect_timeout_s": Setting("an upstream call's connect timeout", *_SECONDS, default=5.0),
+    "deadline_s": Setting("an upstream call's total deadline, streamed or not (a reply trickled byte by byte or "
+                          "kept alive by comments is a fault past it)", *_SECONDS, default=600.0),
     "cooloff_s": Setting("a faulted backend is not a candidate for this long", within(0.0, math.inf),
                          "seconds >= 0", default=30.0),
     "episode_timeout_s": Setting("an idle open episode closes after this long, outcome unknown (kept apart)",

@@ -94,7 +94,13 @@ class Died(Exception):
 
 
 def misbehave(kind: str, model: str, body: dict, request: Request) -> Response:
+    async def trickle():
+        for byte in json.dumps(completion({"role": "assistant", "content": "x" * 10_000})).encode():
+            await asyncio.sleep(0.2)
+            yield bytes([byte])
+
     plain = {
+        "trickle": lambda: StreamingResponse(trickle(), media_type="application/json"),
         "object_content": lambda: JSONResponse(completion({"role": "assistant", "content": {"text": "hi"}})),
         "list_content": lambda: JSONResponse(completion({"role": "assistant", "content": [1, 2]})),
         "invalid_json": lambda: Response(b'{"choices": [', media_type="application/json"),
@@ -122,12 +128,29 @@ def misbehave(kind: str, model: str, body: dict, request: Request) -> Response:
         if kind == "stream_bad_first":
             yield sse("not json at all")
             return
+        if kind == "stream_done_only":
+            yield b"data: [DONE]\n\n"
+            return
+        if kind == "stream_empty":       # chunks and an end, but nothing in them
+            yield sse(delta("", finish="stop"))
+            yield b"data: [DONE]\n\n"
+            return
+        if kind in ("stream_comment_first", "stream_pings"):
+            yield b": keep-alive\n\n"   # an SSE comment (some gateways send one before the first chunk)
+        if kind == "stream_pings":       # comments forever, every 0.2 s: the read timeout never fires
+            while True:
+                await asyncio.sleep(0.2)
+                yield b": ping\n\n"
         yield sse(delta(""))
         yield sse(delta(f"{model} "))
         if kind == "stream_die":
             raise Died("connection lost")
         if kind == "stream_stall":
             await asyncio.sleep(5)
+        if kind == "stream_trickle":     # a byte every 0.2 s, forever: each read arrives within the read timeout
+            for byte in sse(delta("x" * 10_000)):
+                await asyncio.sleep(0.2)
+                yield bytes([byte])
         if kind == "stream_malformed":
             yield sse("{not json")
         yield sse(delta("answer 0", finish=None if kind == "stream_no_end" else "stop"))
@@ -425,6 +448,54 @@ def test_a_stream_that_faults_after_it_started_reaches_the_client_as_an_error(st
     with pytest.raises(openai.APIError, match="failed mid-stream"):
         list(client.chat.completions.create(model="rivet", messages=MESSAGES, stream=True))
     assert proxy.recorder.open == {} and proxy.health.report()[first]["up"] is False
+
+
+@pytest.mark.parametrize("kind", ["stream_done_only", "stream_pings"])
+def test_a_stream_with_nothing_before_its_end_or_deadline_falls_back_to_the_next_model(start, router, upstreams,
+                                                                                        kind):
+    """A stream of [DONE] alone (served, it was recorded as an empty turn) and one of keep-alive comments forever
+    (never cut off: each comment resets the read timeout) both fail before their first chunk: the next model
+    serves, the first is marked down."""
+    url, proxy = start(deadline_s=2.0)
+    first, second = first_choice(router, MESSAGES)
+    upstreams[1][first]["kind"] = kind
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0).chat.completions.with_streaming_response \
+            .create(model="rivet", messages=MESSAGES, stream=True, extra_headers={"x-rivet-session": "s"}) as raw:
+        assert raw.headers["x-rivet-model"] == second and raw.headers["x-rivet-failed"] == first
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    assert text == f"{second} answer 0" and proxy.recorder.open["s"].turns[0].model == second
+    assert proxy.health.report()[first]["up"] is False
+
+
+def test_a_comment_before_the_first_chunk_is_not_a_fault(start, router, upstreams):
+    url, proxy = start()
+    first, _ = first_choice(router, MESSAGES)
+    upstreams[1][first]["kind"] = "stream_comment_first"
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+    chunks = list(client.chat.completions.create(model="rivet", messages=MESSAGES, stream=True, user="s"))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == f"{first} answer 0"
+    assert proxy.health.report()[first]["up"] is True and proxy.recorder.open["s"].turns[0].model == first
+
+
+@pytest.mark.parametrize("kind", ["stream_empty", "stream_trickle"])
+def test_a_started_stream_that_is_empty_or_passes_the_deadline_is_an_error_not_a_turn(start, router, upstreams,
+                                                                                        kind):
+    url, proxy = start(deadline_s=2.0)
+    first, _ = first_choice(router, MESSAGES)
+    upstreams[1][first]["kind"] = kind
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+    with pytest.raises(openai.APIError, match="failed mid-stream: .*(no content|deadline)"):
+        list(client.chat.completions.create(model="rivet", messages=MESSAGES, stream=True))
+    assert proxy.recorder.open == {} and proxy.health.report()[first]["up"] is False
+
+
+def test_a_reply_trickled_past_the_deadline_is_a_fault_and_the_next_model_serves(start, router, upstreams):
+    url, proxy = start(deadline_s=2.0)
+    first, second = first_choice(router, MESSAGES)
+    upstreams[1][first]["kind"] = "trickle"
+    reply = post(url, {"model": "rivet", "messages": MESSAGES})
+    assert reply.status_code == 200 and reply.headers["x-rivet-model"] == second
+    assert "deadline" in proxy.health.report()[first]["fault"]
 
 
 def test_a_stream_whose_first_event_is_malformed_falls_back_to_the_next_model(start, router, upstreams):

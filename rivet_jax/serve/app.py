@@ -313,7 +313,8 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         start = time.perf_counter()
         call = open_stream if conversation.stream else complete
         try:
-            reply = await call(request.app.state.client, proxy.backends[name], conversation.body)
+            reply = await call(request.app.state.client, proxy.backends[name], conversation.body,
+                               proxy.config.deadline_s)
         except UpstreamFault as fault:
             proxy.fault(name, str(fault))
             failed.append(name)

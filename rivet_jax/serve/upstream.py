@@ -18,8 +18,10 @@ over `max_bytes`) is the backend's fault. Error bodies are shown (logs, 502 answ
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import math
 import os
 import re
 import time
@@ -154,18 +156,22 @@ class Reply:
     usage: dict | None = None
 
 
-async def complete(client: httpx.AsyncClient, backend: Backend, body: dict) -> Reply:
-    """One non-streamed call; UpstreamFault on a fault of the backend."""
+async def complete(client: httpx.AsyncClient, backend: Backend, body: dict, deadline_s: float = math.inf) -> Reply:
+    """One non-streamed call, whole within `deadline_s` (a reply trickled byte by byte resets the read timeout
+    forever); UpstreamFault on a fault of the backend."""
     request = client.build_request("POST", backend.url, json={**body, "model": backend.model},
                                    headers=backend.headers())
     try:
-        response = await client.send(request, stream=True)
-        try:
-            content = await read_at_most(response.aiter_bytes(), MAX_REPLY_BYTES, _reply_limit())
-        finally:
-            await response.aclose()
+        async with asyncio.timeout(None if math.isinf(deadline_s) else deadline_s):
+            response = await client.send(request, stream=True)
+            try:
+                content = await read_at_most(response.aiter_bytes(), MAX_REPLY_BYTES, _reply_limit())
+            finally:
+                await response.aclose()
     except httpx.HTTPError as error:
         raise UpstreamFault(f"{type(error).__name__}: {error}") from None
+    except TimeoutError:
+        raise UpstreamFault(f"no whole reply within the call's deadline ({deadline_s:g} s)") from None
     _check_status(response.status_code, content, backend)
     if response.status_code != 200:
         return Reply(response.status_code, body=content)
@@ -213,19 +219,24 @@ def _not_a_message(message) -> str | None:
     return None
 
 
-async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict) -> Reply:
-    """A streamed call, started (its first event received); UpstreamFault if it fails before that.
+async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict, deadline_s: float = math.inf) -> Reply:
+    """A streamed call, started (its first event received); UpstreamFault if it fails before that. The whole
+    stream must end within `deadline_s` of the call (StreamFault after it started): an upstream sending keep-alive
+    comments or a byte at a time never holds a turn open.
 
     The upstream is asked for usage (`stream_options.include_usage`) so that the turn's tokens are known; the
     usage-only chunk is passed on only when the client asked for it too."""
+    deadline = asyncio.get_running_loop().time() + deadline_s
     client_wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     request = client.build_request("POST", backend.url, headers=backend.headers(), json={
         **body, "model": backend.model, "stream_options": {**(body.get("stream_options") or {}),
                                                            "include_usage": True}})
     try:
-        response = await client.send(request, stream=True)
+        response = await _before(deadline, client.send(request, stream=True))
     except httpx.HTTPError as error:
         raise UpstreamFault(f"{type(error).__name__}: {error}") from None
+    except TimeoutError:
+        raise UpstreamFault(f"no answer within the call's deadline ({deadline_s:g} s)") from None
     if response.status_code != 200:
         try:
             content = await read_at_most(response.aiter_bytes(), MAX_REPLY_BYTES, _reply_limit())
@@ -238,15 +249,26 @@ async def open_stream(client: httpx.AsyncClient, backend: Backend, body: dict) -
     reply = Reply(200, message={"role": "assistant", "content": None}, usage=None)
     events = _events(response)
     try:
-        first = await anext(events)
-    except (httpx.HTTPError, StopAsyncIteration) as error:
+        first = await _before(deadline, anext(events))
+    except (httpx.HTTPError, StopAsyncIteration, TimeoutError) as error:
         await response.aclose()
-        raise UpstreamFault(f"the stream ended before its first event: {type(error).__name__} {error}") from None
-    if _chunk(first) is None and _data(first) != "[DONE]":
+        why = f"the call's deadline ({deadline_s:g} s) passed" if isinstance(error, TimeoutError) else \
+            f"{type(error).__name__} {error}"
+        raise UpstreamFault(f"the stream ended before its first event: {why}") from None
+    if _chunk(first) is None:
         await response.aclose()
-        raise UpstreamFault(f"the stream's first event is not a chat completion chunk: {_data(first)[:200]!r}")
-    reply.events = _forward(first, events, reply, client_wants_usage, response)
+        raise UpstreamFault("the stream's first event is not a chat completion chunk: "
+                            + ("an empty stream ([DONE] alone)" if _data(first) == "[DONE]" else repr(_data(first)[:200])))
+    reply.events = _forward(first, events, reply, client_wants_usage, response, deadline, deadline_s)
     return reply
+
+
+async def _before(deadline: float, awaitable):
+    """`awaitable`'s result, or TimeoutError once the loop's clock passes `deadline`."""
+    remaining = deadline - asyncio.get_running_loop().time()
+    if remaining <= 0:
+        raise TimeoutError
+    return await asyncio.wait_for(awaitable, None if math.isinf(remaining) else remaining)
 
 
 def response_text(message: Mapping[str, Any]) -> str:
@@ -266,9 +288,12 @@ def _shown(content: bytes, backend: Backend) -> str:
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[list[str]]:
-    """The SSE events of a streamed response, each as its lines."""
+    """The SSE events of a streamed response, each as its lines; comments (lines starting with ':', the keep-alive
+    pings some gateways send, even before the first chunk) are dropped, as the SSE standard says."""
     lines: list[str] = []
     async for line in response.aiter_lines():
+        if line.startswith(":"):
+            continue
         if line:
             lines.append(line)
         elif lines:
@@ -279,15 +304,24 @@ async def _events(response: httpx.Response) -> AsyncIterator[list[str]]:
 
 
 async def _forward(first: list[str], events: AsyncIterator[list[str]], reply: Reply, client_wants_usage: bool,
-                   response: httpx.Response) -> AsyncIterator[bytes]:
+                   response: httpx.Response, deadline: float = math.inf,
+                   deadline_s: float = math.inf) -> AsyncIterator[bytes]:
     """The events as bytes for the client, each read on the way into `reply` (the message and the usage);
-    StreamFault when the stream breaks, carries a malformed event or ends before its end (module docstring)."""
+    StreamFault when the stream breaks, carries a malformed event, ends before its end (module docstring), passes
+    the call's `deadline`, or ends with nothing to serve (no content, tool call or refusal: a fault, as in a plain
+    reply)."""
     calls: dict[int, dict] = {}
     finished = False
 
     async def all_events():
         yield first
-        async for event in events:
+        while True:
+            try:
+                event = await _before(deadline, anext(events))
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise StreamFault(f"the stream did not end within the call's deadline ({deadline_s:g} s)") from None
             yield event
 
     try:
@@ -307,12 +341,15 @@ async def _forward(first: list[str], events: AsyncIterator[list[str]], reply: Re
             yield ("\n".join(lines) + "\n\n").encode("utf-8")
         if not finished:
             raise StreamFault("the stream ended before its end (no finish_reason, no [DONE])")
+        if calls:
+            reply.message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        why = _not_a_message(reply.message)
+        if why:
+            raise StreamFault(f"the stream is not a chat completion: {why}")
     except httpx.HTTPError as error:
         raise StreamFault(f"the stream broke: {type(error).__name__} {error}") from None
     finally:
         await response.aclose()
-        if calls:
-            reply.message["tool_calls"] = [calls[i] for i in sorted(calls)]
 
 
 def _data(lines: list[str]) -> str:
