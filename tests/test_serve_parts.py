@@ -175,7 +175,7 @@ def test_diverged_expired_and_mid_conversation_episodes_are_kept_apart(tmp_path)
     recorder = Recorder(tmp_path, POOL, clock)
     recorder.record("edit", "task", 0, turn())
     recorder.record("edit", "task", 1, turn())
-    recorder.observe("edit", "task", [{"response": "r", "feedback": ""}])   # one turn where two were served
+    recorder.observe("edit", "task", [])   # no turn where two were served (one less would ask the last again)
     recorder.record("idle", "task", 0, turn())
     recorder.record("late", "task", 3, turn())        # three earlier turns this proxy did not serve
     with pytest.raises(NoOpenEpisodeError):

@@ -147,6 +147,8 @@ def misbehave(kind: str, model: str, body: dict, request: Request) -> Response:
             raise Died("connection lost")
         if kind == "stream_stall":
             await asyncio.sleep(5)
+        if kind == "stream_slow":        # a healthy but slow answer
+            await asyncio.sleep(0.8)
         if kind == "stream_trickle":     # a byte every 0.2 s, forever: each read arrives within the read timeout
             for byte in sse(delta("x" * 10_000)):
                 await asyncio.sleep(0.2)
@@ -531,6 +533,62 @@ def test_a_history_that_rewrites_an_earlier_turn_is_a_new_episode_and_the_old_ke
     [kept] = unfinished(proxy)
     assert kept["reason"].startswith("diverged") and edit in kept["reason"] and len(kept["turns"]) == 2
     assert proxy.recorder.open["s"].offset == 2   # the new episode begins mid-conversation: kept apart too
+
+
+def test_a_retried_turn_is_recorded_once_as_the_answer_the_client_got(start, router):
+    """A client that timed out and sent the same turn again on its session (the OpenAI SDKs retry twice by
+    default): the episode goes on, its turn is the retry's answer (the one the conversation continues from),
+    recorded once, and a restart replays it so. It was a divergence: the whole episode went to unfinished.jsonl,
+    none of it trainable. (Without a session id an identical request is another agent starting alike.)"""
+    url, proxy = start()
+    session = "s"
+    first, second = first_choice(router, MESSAGES)
+    assert post(url, {"model": "rivet", "messages": MESSAGES}, session=session).headers["x-rivet-model"] == first
+    retry = post(url, {"model": "rivet", "messages": MESSAGES}, session=session,
+                 headers={"x-rivet-candidates": second})       # answered by another model, to tell them apart
+    assert retry.status_code == 200 and retry.headers["x-rivet-model"] == second
+    key = unquote(retry.headers["x-rivet-session"])
+    assert [t.model for t in proxy.recorder.open[key].turns] == [second]
+    messages = MESSAGES + [retry.json()["choices"][0]["message"], {"role": "user", "content": "go on"}]
+    assert post(url, {"model": "rivet", "messages": messages}, session=session).status_code == 200
+    assert not proxy.recorder.unfinished_path.read_text()
+    assert [t.model for t in restarted(proxy).open[key].turns][0] == second
+    assert len(restarted(proxy).open[key].turns) == 2
+
+
+def test_parallel_requests_on_one_session_are_served_in_turn_and_recorded_as_one(start):
+    """Three identical requests sent at once on one session (a client retrying while the first is in flight): they
+    are served one after another, each asking the same turn again, so the episode holds one turn. They were
+    recorded as three consecutive turns, with made-up feedback between them."""
+    url, proxy = start()
+
+    async def three():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*[client.post(f"{url}/v1/chat/completions", headers={"x-rivet-session": "p"},
+                                                      json={"model": "rivet", "messages": MESSAGES})
+                                          for _ in range(3)])
+    replies = asyncio.run(three())
+    assert [r.status_code for r in replies] == [200, 200, 200]
+    assert len(proxy.recorder.open["p"].turns) == 1 and not proxy.recorder.unfinished_path.read_text()
+
+
+def test_an_outcome_posted_while_a_turn_streams_waits_for_it(start, router, upstreams):
+    """The outcome arrives while the episode's turn is still streaming: it is applied once the turn is recorded, so
+    the episode closes with that turn (it closed before it, or found no episode)."""
+    url, proxy = start(timeout_s=5.0)
+    first, _ = first_choice(router, MESSAGES)
+    upstreams[1][first]["kind"] = "stream_slow"
+
+    async def stream_and_close():
+        async with httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("POST", f"{url}/v1/chat/completions", headers={"x-rivet-session": "o"},
+                                     json={"model": "rivet", "messages": MESSAGES, "stream": True}) as streamed:
+                outcome = asyncio.ensure_future(client.post(f"{url}/v1/episodes/o/outcome", json={"outcome": 1}))
+                body = b"".join([part async for part in streamed.aiter_bytes()])
+            return body, await outcome
+    body, outcome = asyncio.run(stream_and_close())
+    assert b"[DONE]" in body and outcome.status_code == 200 and outcome.json()["turns"] == 1
+    assert [len(e.turns) for e in episodes(proxy)] == [1]
 
 
 def test_two_agents_that_start_alike_without_session_ids_are_two_episodes(start):

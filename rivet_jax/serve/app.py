@@ -20,7 +20,9 @@ response goes back as the upstream sent it, with headers:
     x-rivet-failed      the models that faulted first  x-rivet-routing-ms  request in -> first upstream call out
 
 The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends), with
-its propensity and the version of the router that chose it.
+its propensity and the version of the router that chose it. A session serves one request at a time (`Sessions`):
+a second waits for the first (then, the same turn asked again, it replaces it: recorded once), an outcome waits for
+the turn being served, and a wait longer than `deadline_s` is a 409.
 
 Hot swap: serving a workdir's deployed choice (`router_stage` ''), the proxy checks `<workdir>/deploy.json` every
 `reload_every_s` (and on `POST /v1/admin/reload`, authenticated as chat is); when its content changed it loads the
@@ -55,7 +57,7 @@ import json
 import os
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import ml_collections
@@ -88,6 +90,41 @@ FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a reque
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
 
 
+class Sessions:
+    """One request at a time per session: a session's turns are recorded in the order they are served, a retry of
+    a turn still in flight waits for it (then asks it again: `Recorder.record` replaces it), and an outcome waits for
+    the turn being served. Each wait is bounded (`hold`'s timeout: a turn in flight for longer is a 409)."""
+
+    def __init__(self):
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}   # session -> (its lock, holders and waiters)
+
+    async def hold(self, session: str, timeout_s: float) -> Callable[[], None] | None:
+        """The session held (call the returned function to let it go), or None after `timeout_s` of waiting."""
+        lock, users = self._locks.get(session, (asyncio.Lock(), 0))
+        self._locks[session] = (lock, users + 1)
+        try:
+            await asyncio.wait_for(lock.acquire(), timeout_s)
+        except TimeoutError:
+            self._leave(session)
+            return None
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                lock.release()
+                self._leave(session)
+        return release
+
+    def _leave(self, session: str) -> None:
+        lock, users = self._locks[session]
+        if users <= 1:
+            del self._locks[session]
+        else:
+            self._locks[session] = (lock, users - 1)
+
+
 @dataclasses.dataclass
 class Proxy:
     """Everything a request needs; one per server. `workdir`: where the served router came from (its deployment is
@@ -107,6 +144,7 @@ class Proxy:
         budget = float(self.config.get("exploration_budget", 0.0))
         self.budget = Budget(Exploration.of(self.config), budget if budget > 0 else None)
         self.served = ServedRouter(self.router, self.workdir, self.config.get("router_stage", ""), list(self.backends))
+        self.sessions = Sessions()
         self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
         self._draining = False
         # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
@@ -286,21 +324,33 @@ async def _chat_completions(request: Request) -> Response:
             family = checked_text(family, "task family")
     except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
         return _error(error.status, str(error))
-    if not given:  # the session is the task's hash: the open episode this history continues, else a fresh one
-        session = proxy.recorder.resolve(session, conversation.task, conversation.history)
-    # The feedback this request carries is logged (an fsync) while the router scores: it only has to be on disk
-    # before this request's own turn is recorded, which awaits it.
-    observed = asyncio.ensure_future(asyncio.to_thread(proxy.recorder.observe, session, conversation.task,
-                                                       conversation.history))
+    release = await proxy.sessions.hold(session, proxy.config.deadline_s)
+    if release is None:
+        return _error(409, f"a turn of session {session!r} has been in flight for {proxy.config.deadline_s:g} s "
+                           f"(config.deadline_s): try again once it ends", "conflict")
+    streaming = False
     try:
-        return await _route_and_call(request, proxy, conversation, session, family, requested, received, observed)
+        if not given:  # the session is the task's hash: the open episode this history continues, else a fresh one
+            session = proxy.recorder.resolve(session, conversation.task, conversation.history)
+        # The feedback this request carries is logged (an fsync) while the router scores: it only has to be on
+        # disk before this request's own turn is recorded, which awaits it.
+        observed = asyncio.ensure_future(asyncio.to_thread(proxy.recorder.observe, session, conversation.task,
+                                                           conversation.history))
+        try:
+            response = await _route_and_call(request, proxy, conversation, session, family, requested, received,
+                                             observed, release)
+            streaming = isinstance(response, _SessionStream)
+            return response
+        finally:
+            await observed
     finally:
-        await observed
+        if not streaming:   # a stream lets the session go once its turn is recorded (`_record_when_done`)
+            release()
 
 
 async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversation, session: str,
                           family: str | None, requested: list[str] | None, received: float,
-                          observed: asyncio.Future) -> Response:
+                          observed: asyncio.Future, release: Callable[[], None]) -> Response:
     candidates = candidate_names(list(proxy.backends), proxy.health.down(), requested)
     if not candidates:
         return _error(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
@@ -326,8 +376,8 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         served = functools.partial(proxy.record, name, reply, conversation, choice, version, candidates, session,
                                    family, start)
         if conversation.stream:
-            return StreamingResponse(_record_when_done(reply, name, proxy, served), headers=headers,
-                                     media_type="text/event-stream")
+            return _SessionStream(_record_when_done(reply, name, proxy, served, release), release, headers=headers,
+                                  media_type="text/event-stream")
         try:
             await served()
         except UnrecordableTurn as error:
@@ -339,28 +389,49 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
         f"{name}: {proxy.health.last_fault.get(name)}" for name in failed), "upstream_error")
 
 
-async def _record_when_done(reply: Reply, name: str, proxy: Proxy, record) -> AsyncIterator[bytes]:
+class _SessionStream(StreamingResponse):
+    """A streamed turn that lets its session go however the response ends: recorded, failed, or the client gone
+    before its first byte (then the body's generator never runs, and only this `finally` would free the session)."""
+
+    def __init__(self, content, release: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _record_when_done(reply: Reply, name: str, proxy: Proxy, record,
+                            release: Callable[[], None]) -> AsyncIterator[bytes]:
     """The upstream's events, passed on; the last one held back until the turn is recorded (`record()`), so that a
     client that has read the whole stream finds its turn recorded, as with a plain response. A stream that faults,
     or a turn that cannot be recorded, ends with an error event instead (the client's SDK raises it): a client
-    never takes a cut-short or unrecorded response for a whole one."""
-    held = None
+    never takes a cut-short or unrecorded response for a whole one. The session is let go (`release`) once the
+    turn is recorded or has failed."""
     try:
-        async for event in reply.events:
-            if held is not None:
-                yield held
-            held = event
-        await record()
-    except (StreamFault, UnrecordableTurn) as error:
-        proxy.fault(name, str(error))
-        yield _error_event(f"the response of {name} failed mid-stream: {redact(str(error))}", "upstream_error")
-        return
-    except StorageError as error:
-        logging.warning("a streamed turn could not be recorded: %s", error)
-        yield _error_event(_STORAGE_MESSAGE.format(error=error), "service_unavailable")
-        return
-    if held is not None:
-        yield held
+        held = None
+        try:
+            async for event in reply.events:
+                if held is not None:
+                    yield held
+                held = event
+            await record()
+        except (StreamFault, UnrecordableTurn) as error:
+            proxy.fault(name, str(error))
+            yield _error_event(f"the response of {name} failed mid-stream: {redact(str(error))}", "upstream_error")
+            return
+        except StorageError as error:
+            logging.warning("a streamed turn could not be recorded: %s", error)
+            yield _error_event(_STORAGE_MESSAGE.format(error=error), "service_unavailable")
+            return
+        release()
+        if held is not None:
+            yield held
+    finally:
+        release()
 
 
 def _error_event(message: str, kind: str) -> bytes:
@@ -410,10 +481,16 @@ async def _outcome(request: Request) -> Response:
         return _error(error.status, str(error))
     except DataError as error:
         return _error(400, f"outcome: {error.why}")
+    release = await proxy.sessions.hold(session, proxy.config.deadline_s)   # a turn being served is recorded first
+    if release is None:
+        return _error(409, f"a turn of session {session!r} is still in flight: post the outcome once it ends",
+                      "conflict")
     try:
         episode = await asyncio.to_thread(proxy.recorder.close, session, outcome)
     except NoOpenEpisodeError:
         return _error(404, f"no open episode for session {session!r}", "not_found_error")
+    finally:
+        release()
     if episode is None:
         return JSONResponse({"session": session, "outcome": outcome, "recorded_in": "unfinished.jsonl",
                              "why": "the episode began mid-conversation, on turns this proxy did not serve"})

@@ -25,6 +25,11 @@ framed as `journal` says.
 
 A turn's feedback is what the client sends after the model's response: the tool results and user messages that the
 next request carries after that assistant message. It is filled in when that request arrives (a `feedback` event).
+
+A request that asks the episode's last turn again (its conversation as it was before that turn: a client that timed
+out and retried, as the OpenAI SDKs do) is a retry, not a divergence: the new answer, the one the client goes on
+from, replaces the last turn (a `replace` event), so the turn is recorded once. Only within a session the client
+names: without one, an identical request is another agent starting alike (`resolve`).
 """
 
 from __future__ import annotations
@@ -115,6 +120,9 @@ class Recorder:
             episode = self.open.get(session)
             if episode is None:
                 return
+            if _is_retry(episode, task, history):   # its last turn asked again: `record` replaces that turn
+                episode.updated = self.clock()
+                return
             why = _divergence(episode, task, history)
             if why is not None:
                 self._close(episode, None, f"diverged: {why}")
@@ -153,14 +161,18 @@ class Recorder:
                 now = self.clock()
                 episode = OpenEpisode(f"{session}@{now:.6f}", session, Task(prompt_task_id(task), task, family),
                                       history_length, [], now)
-            event = {"event": "turn", "episode": episode.episode_id, "turn": turn.to_json()}
+            retry = bool(episode.turns) and history_length == episode.length - 1
+            event = {"event": "replace" if retry else "turn", "episode": episode.episode_id, "turn": turn.to_json()}
             _check_turn(event, episode.task, self.pool)
             if session not in self.open:
                 self._log({"event": "open", "episode": episode.episode_id, "session": session,
                            "task": episode.task.to_json(), "offset": history_length})
                 self.open[session] = episode
             self._log(event)
-            episode.turns.append(turn)
+            if retry:   # the answer the client received is the one its conversation goes on from: recorded once
+                episode.turns[-1] = turn
+            else:
+                episode.turns.append(turn)
             episode.updated = self.clock()
             return episode.episode_id, len(episode.turns) - 1
 
@@ -248,6 +260,13 @@ class Recorder:
                          sum(len(e.turns) for e in self.open.values()), self.wal_path)
 
 
+def _is_retry(episode: OpenEpisode, task: str, history: list[dict[str, str]]) -> bool:
+    """Whether the request asks the episode's last turn again: the conversation as it was before that turn (a client
+    that timed out and retried, as the OpenAI SDKs do, or two identical requests one after the other)."""
+    return bool(episode.turns) and _divergence(dataclasses.replace(episode, turns=episode.turns[:-1]), task,
+                                               history) is None
+
+
 def _divergence(episode: OpenEpisode, task: str, history: list[dict[str, str]]) -> str | None:
     """Why `history` does not continue `episode` (None when it does): the task, the number of completed turns, or
     the content of a served response or of recorded feedback (all but the last turn's, which this request brings;
@@ -303,9 +322,12 @@ def _apply(event: dict, episodes: dict[str, OpenEpisode], pool: ModelPool) -> No
     episode = episodes.get(episode_id)
     if episode is None:
         return
-    if kind == "turn":
-        turn = _read_turn(event["turn"], episode_id, episode.task, pool)
-        episode.turns.append(dataclasses.replace(turn, done=False))
+    if kind in ("turn", "replace"):
+        turn = dataclasses.replace(_read_turn(event["turn"], episode_id, episode.task, pool), done=False)
+        if kind == "replace":
+            episode.turns[-1] = turn
+        else:
+            episode.turns.append(turn)
     elif kind == "feedback":
         if not isinstance(event["feedback"], str):
             raise ValueError(f"feedback must be text, got {type(event['feedback']).__name__}")
