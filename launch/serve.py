@@ -24,7 +24,8 @@ flags.mark_flags_as_required(["workdir"])
 
 def main(argv):
     del argv
-    from rivet_jax.serve.app import Proxy, serve  # deferred: --help need not load the web stack
+    from rivet_jax.serve.app import serve  # deferred: --help need not load the web stack
+    from rivet_jax.serve.proxy import Proxy
     from rivet_jax.serve.recorder import Recorder
     from rivet_jax.serve.upstream import backends_from_config
 

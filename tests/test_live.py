@@ -19,8 +19,9 @@ from rivet_jax.evaluation import discounted_return
 from rivet_jax.live import experiment
 from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
 from rivet_jax.router import Router
-from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread
+from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from tests.common import run_launcher

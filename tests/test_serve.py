@@ -23,11 +23,12 @@ from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.schema import read_episodes, write_model_cards
 from rivet_jax.data.splits import hashed_split
 from rivet_jax.router import Router
-from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.app import make_app
 from rivet_jax.serve.conversation import converter_messages
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from rivet_jax.serve.fake import COMPLETION_TOKENS, ServerThread, answer, fake_upstream, free_port
+from rivet_jax.serve.proxy import Proxy
 from tests.common import tiny_config, upstream_servers
 
 REPO = Path(__file__).resolve().parents[1]

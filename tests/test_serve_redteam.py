@@ -25,11 +25,12 @@ from rivet_jax.data.converters.openai_chat import routing_state
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.router import Router
 from rivet_jax.serve import journal, upstream
-from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.app import make_app
 from rivet_jax.serve.conversation import MAX_DEPTH
 from rivet_jax.serve.conversation import converter_messages
 from rivet_jax.serve.fake import ServerThread, fake_upstream
 from rivet_jax.serve.journal import LogDirBusyError
+from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from tests.common import upstream_servers

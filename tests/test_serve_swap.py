@@ -13,9 +13,10 @@ from configs import serve
 from rivet_jax import deploy
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.router import Router
-from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread, fake_upstream
 from rivet_jax.serve.policy import GREEDY, Budget
+from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from tests.common import upstream_servers

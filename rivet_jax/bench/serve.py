@@ -95,7 +95,8 @@ def _run_proxy(config: dict, settings: dict, encoder_name: str, backends: dict, 
     from rivet_jax.envs.collect import demo_corpus
     from rivet_jax.networks import init_params, make_network
     from rivet_jax.router import Router
-    from rivet_jax.serve.app import Proxy, serve
+    from rivet_jax.serve.app import serve
+    from rivet_jax.serve.proxy import Proxy
     from rivet_jax.serve.recorder import Recorder
     from rivet_jax.serve.upstream import backends_from_config
 

@@ -53,9 +53,10 @@ from rivet_jax.envs.routesim import RouteSim, make_routesim
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
 from rivet_jax.router import Router
-from rivet_jax.serve.app import Proxy, make_app
+from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread
 from rivet_jax.serve.policy import Exploration
+from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
 from rivet_jax.settings import with_overrides
@@ -87,7 +88,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
                       workdir=workdir)
         with ServerThread(make_app(proxy)) as server:
             loop.settle(workdir)
-            httpx.post(server.url + "/v1/admin/reload")
+            httpx.post(server.url + "/v1/admin/reload", timeout=None)   # a reload loads and compiles: as long as it takes
             for number in range(len(loop.rounds_of(workdir)) + 1, int(live.rounds) + 1):
                 served = proxy.served.current[0]
                 started = time.perf_counter()
@@ -98,7 +99,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
                 result.record.update(exact_fields(sim, result, served, exploration, reward, oracle_test, live))
                 loop.finish(workdir, result)
                 publish_recorded(workdir, pool)
-                swapped = httpx.post(server.url + "/v1/admin/reload").json()
+                swapped = httpx.post(server.url + "/v1/admin/reload", timeout=None).json()
                 logging.info("round %d: %s; serving %s", number, result.record["why"], swapped["version"])
                 write_report(workdir, oracle_test)
     if live.own_logs_check:

@@ -50,18 +50,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import hmac
 import json
-import os
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable
 
 import httpx
-import ml_collections
-import numpy as np
 import uvicorn
 from absl import logging
 from starlette.applications import Starlette
@@ -69,197 +64,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from rivet_jax.data.converters.common import tokens_and_cost
 from rivet_jax.data.outcomes import check_outcome
-from rivet_jax.data.schema import Turn
 from rivet_jax.data.validation import DataError, Where
-from rivet_jax.router import Router
 from rivet_jax.serve.conversation import (Conversation, NotJson, RequestError, TooLarge, checked_text, read_body,
                                           read_request, session_id)
 from rivet_jax.serve.journal import StorageError
-from rivet_jax.serve.policy import Budget, Choice, Exploration, candidate_names
-from rivet_jax.serve.served import ServedRouter, warm_up
-from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder, UnrecordableTurn
-from rivet_jax.serve.upstream import (Backend, Health, Reply, StreamFault, UpstreamFault, complete, open_stream,
-                                      read_at_most, redact, response_text)
+from rivet_jax.serve.policy import Choice, candidate_names
+from rivet_jax.serve.proxy import Proxy, error_response
+from rivet_jax.serve.recorder import NoOpenEpisodeError, UnrecordableTurn
+from rivet_jax.serve.upstream import (Reply, StreamFault, UpstreamFault, complete, open_stream, read_at_most,
+                                      redact)
 
-__all__ = ["Proxy", "make_app", "serve"]
+__all__ = ["make_app", "serve"]
 
 CANDIDATES_HEADER = "x-rivet-candidates"
 FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a request opens (else config.task_family)
-_CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
-
-
-class Sessions:
-    """One request at a time per session: a session's turns are recorded in the order they are served, a retry of
-    a turn still in flight waits for it (then asks it again: `Recorder.record` replaces it), and an outcome waits for
-    the turn being served. Each wait is bounded (`hold`'s timeout: a turn in flight for longer is a 409)."""
-
-    def __init__(self):
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}   # session -> (its lock, holders and waiters)
-
-    async def hold(self, session: str, timeout_s: float) -> Callable[[], None] | None:
-        """The session held (call the returned function to let it go), or None after `timeout_s` of waiting."""
-        lock, users = self._locks.get(session, (asyncio.Lock(), 0))
-        self._locks[session] = (lock, users + 1)
-        try:
-            await asyncio.wait_for(lock.acquire(), timeout_s)
-        except TimeoutError:
-            self._leave(session)
-            return None
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                lock.release()
-                self._leave(session)
-        return release
-
-    def _leave(self, session: str) -> None:
-        lock, users = self._locks[session]
-        if users <= 1:
-            del self._locks[session]
-        else:
-            self._locks[session] = (lock, users - 1)
-
-
-@dataclasses.dataclass
-class Proxy:
-    """Everything a request needs; one per server. `workdir`: where the served router came from (its deployment is
-    watched for a hot swap when `config.router_stage` is ''; None: the router is fixed)."""
-
-    router: Router
-    backends: dict[str, Backend]     # pool order
-    recorder: Recorder
-    config: ml_collections.ConfigDict
-    workdir: str | os.PathLike | None = None
-    health: Health = dataclasses.field(init=False)
-    rng: np.random.Generator = dataclasses.field(init=False)
-
-    def __post_init__(self):
-        self.health = Health(list(self.backends), self.config.cooloff_s)
-        self.rng = np.random.default_rng(self.config.seed)
-        budget = float(self.config.get("exploration_budget", 0.0))
-        self.budget = Budget(Exploration.of(self.config), budget if budget > 0 else None)
-        self.served = ServedRouter(self.router, self.workdir, self.config.get("router_stage", ""), list(self.backends))
-        self.sessions = Sessions()
-        self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
-        self._draining = False
-        # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
-        # overlap nothing; a neural encoder's tens of ms would stall every other request's I/O on the event loop.
-        mode = self.config.get("scoring", "auto")
-        self._in_thread = mode == "thread" or (mode == "auto" and self.router.encoder.name != "hashing")
-
-    async def scores(self, conversation: Conversation, candidates: list[str]) -> tuple[dict[str, float], str]:
-        """Q_route of each candidate at this conversation's state, and the version of the router that scored it.
-
-        On the event loop (`config.scoring`), at once: nothing else runs meanwhile. In a thread, one scoring at a
-        time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
-        the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
-        and one network call."""
-        if not self._in_thread:
-            return self._score_batch([(conversation, candidates, None)], self.served.current)[0]
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((conversation, candidates, future))
-        if not self._draining:
-            self._draining = True
-            asyncio.ensure_future(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                current = self.served.current   # one router for the whole batch, whatever a swap does meanwhile
-                try:
-                    rows = await asyncio.to_thread(self._score_batch, batch, current)
-                except Exception:  # noqa: BLE001 - one bad state must not fail the others: each alone
-                    rows = [await asyncio.to_thread(self._score_one, item, current) for item in batch]
-                for (_, _, future), row in zip(batch, rows):
-                    if isinstance(row, BaseException):
-                        future.set_exception(row)
-                    else:
-                        future.set_result(row)
-        finally:
-            self._draining = False
-
-    def _score_batch(self, batch, current: tuple[Router, str]) -> list[tuple[dict[str, float], str]]:
-        router, version = current
-        q = router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
-        return [({name: float(row[router.pool.index(name)]) for name in candidates}, version)
-                for row, (_, candidates, _) in zip(q, batch)]
-
-    def _score_one(self, item, current) -> tuple[dict[str, float], str] | BaseException:
-        try:
-            return self._score_batch([item], current)[0]
-        except Exception as error:  # noqa: BLE001 - handed to the request it belongs to
-            return error
-
-    def warm_up(self) -> None:
-        warm_up(self.served.current[0])
-
-    def fault(self, name: str, why: str) -> None:
-        """A backend failed a call: down for the cool-off. `why` is shown (log, 502s, /healthz): redacted."""
-        why = redact(why, tuple(backend.key() for backend in self.backends.values()))
-        logging.warning("backend %s faulted (%s); down for %g s", name, why, self.config.cooloff_s)
-        self.health.mark_down(name, why)
-
-    def refused(self, request: Request) -> Response | None:
-        """The 401/403 answer for a request the proxy must not serve (module docstring), or None."""
-        origin = request.headers.get("origin")
-        if origin is not None and origin not in tuple(self.config.get("allowed_origins", ())):
-            return _error(403, f"cross-origin requests from {origin!r} are refused (config.allowed_origins)",
-                          "permission_error")
-        variable = self.config.get("auth_token_env", "")
-        if variable:
-            token = os.environ.get(variable, "")
-            given = request.headers.get("authorization", "")
-            if not token or not hmac.compare_digest(given.encode("utf-8", "replace"),
-                                                    f"Bearer {token}".encode("utf-8")):
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer <the proxy's token>)",
-                              "authentication_error")
-        return None
-
-    async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, version: str,
-                     candidates: list[str], session: str, family: str | None, start: float) -> None:
-        """Records the turn `name` served (its call began at perf_counter `start`), fsynced before returning."""
-        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start, version)
-        _, index = await asyncio.to_thread(self.recorder.record, session, conversation.task,
-                                           len(conversation.history), turn, family)
-        if index == 0:
-            self.budget.opened()
-            report = self.budget.report()
-            if report["episodes"] % 100 == 0 and not self.budget.exploration.greedy:
-                logging.info("exploration so far: %d episodes, %d of %d decisions explored, expected shortfall "
-                             "%.4f per episode (budget %s)", report["episodes"], report["explored"],
-                             report["decisions"], report["expected_shortfall_per_episode"],
-                             report["budget_per_episode"])
-
-    def turn(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, candidates: list[str],
-             latency_s: float, version: str | None = None) -> Turn:
-        """The served turn as the trajectory schema records it (feedback arrives with the next request)."""
-        try:
-            text = response_text(reply.message)
-        except DataError:  # e.g. a tool call streamed without an id: keep the content
-            text = reply.message.get("content") or ""
-        pool = self.served.current[0].pool
-        card = pool.cards[pool.index(name)]
-        try:
-            prompt_tokens, completion_tokens, cost = tokens_and_cost(reply.usage, card, Where(f"<{name}>", None),
-                                                                     "usage")
-        except DataError as error:
-            logging.warning("%s; tokens estimated at %d characters per token", error, _CHARS_PER_TOKEN)
-            prompt_chars = len(json.dumps(conversation.body.get("messages"), ensure_ascii=False))
-            prompt_tokens, completion_tokens = prompt_chars // _CHARS_PER_TOKEN, len(text) // _CHARS_PER_TOKEN
-            cost = ((card.price_in_per_mtok or 0.0) * prompt_tokens +
-                    (card.price_out_per_mtok or 0.0) * completion_tokens) / 1e6
-        served_as_drawn = name == choice.order[0]
-        return Turn(model=name, response=text, feedback="", prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens, cost=cost,
-                    propensity=choice.propensity if served_as_drawn else None, available=tuple(candidates),
-                    latency_s=round(latency_s, 6), router=version)
 
 
 def make_app(proxy: Proxy) -> Starlette:
@@ -323,10 +142,10 @@ async def _chat_completions(request: Request) -> Response:
         if family is not None:
             family = checked_text(family, "task family")
     except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
-        return _error(error.status, str(error))
+        return error_response(error.status, str(error))
     release = await proxy.sessions.hold(session, proxy.config.deadline_s)
     if release is None:
-        return _error(409, f"a turn of session {session!r} has been in flight for {proxy.config.deadline_s:g} s "
+        return error_response(409, f"a turn of session {session!r} has been in flight for {proxy.config.deadline_s:g} s "
                            f"(config.deadline_s): try again once it ends", "conflict")
     streaming = False
     try:
@@ -353,7 +172,7 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
                           observed: asyncio.Future, release: Callable[[], None]) -> Response:
     candidates = candidate_names(list(proxy.backends), proxy.health.down(), requested)
     if not candidates:
-        return _error(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
+        return error_response(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
                            f"{sorted(proxy.health.down())}", "service_unavailable")
     scores, version = await proxy.scores(conversation, candidates)
     choice = proxy.budget.choose(scores, proxy.rng)
@@ -385,7 +204,7 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
             failed.append(name)
             continue
         return Response(reply.body, status_code=200, headers=headers, media_type="application/json")
-    return _error(502, "every candidate tried failed: " + "; ".join(
+    return error_response(502, "every candidate tried failed: " + "; ".join(
         f"{name}: {proxy.health.last_fault.get(name)}" for name in failed), "upstream_error")
 
 
@@ -478,17 +297,17 @@ async def _outcome(request: Request) -> Response:
             raise RequestError('the body must be {"outcome": <a number in [0, 1]>}')
         outcome = check_outcome(body["outcome"], Where("<request>", None))
     except RequestError as error:
-        return _error(error.status, str(error))
+        return error_response(error.status, str(error))
     except DataError as error:
-        return _error(400, f"outcome: {error.why}")
+        return error_response(400, f"outcome: {error.why}")
     release = await proxy.sessions.hold(session, proxy.config.deadline_s)   # a turn being served is recorded first
     if release is None:
-        return _error(409, f"a turn of session {session!r} is still in flight: post the outcome once it ends",
+        return error_response(409, f"a turn of session {session!r} is still in flight: post the outcome once it ends",
                       "conflict")
     try:
         episode = await asyncio.to_thread(proxy.recorder.close, session, outcome)
     except NoOpenEpisodeError:
-        return _error(404, f"no open episode for session {session!r}", "not_found_error")
+        return error_response(404, f"no open episode for session {session!r}", "not_found_error")
     finally:
         release()
     if episode is None:
@@ -562,15 +381,9 @@ _STORAGE_MESSAGE = ("the proxy cannot write its log ({error}): nothing of this r
 
 async def _storage_error(request: Request, error: Exception) -> Response:
     logging.error("%s", error)
-    return _error(503, _STORAGE_MESSAGE.format(error=error), "service_unavailable")
+    return error_response(503, _STORAGE_MESSAGE.format(error=error), "service_unavailable")
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:
     logging.exception("request failed: %s", error)
-    return _error(500, f"the proxy failed on this request: {type(error).__name__}: {error}", "server_error")
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
-    """An error in OpenAI's shape, so that clients raise their usual exception with the message."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                        status_code=status)
+    return error_response(500, f"the proxy failed on this request: {type(error).__name__}: {error}", "server_error")
