@@ -417,6 +417,24 @@ def test_an_outcome_on_a_full_disk_is_503_and_the_episode_stays_open(start, disk
     assert close(url, "s").status_code == 200 and len(episodes(proxy)) == 1
 
 
+def test_the_expiry_task_outlives_a_full_disk_and_says_so(start, disk):
+    """Idle episodes expire in a background task; on a full disk its write fails. It died there, and no episode
+    expired again until a restart; now it is logged, shown in /healthz, and the next pass expires the episode."""
+    import time
+
+    url, proxy = start(episode_timeout_s=0.2)
+    assert post(url, {"model": "rivet", "messages": MESSAGES}).status_code == 200
+    disk["full"] = True
+    time.sleep(0.6)
+    background = httpx.get(f"{url}/healthz").json()["background"]["expiry"]
+    assert background["failures"] >= 1 and "No space left" in background["last_error"]
+    assert "s" in proxy.recorder.open
+    disk["full"] = False
+    time.sleep(0.6)
+    assert "s" not in proxy.recorder.open and unfinished(proxy)[0]["reason"].startswith("expired")
+    assert "last_error" not in httpx.get(f"{url}/healthz").json()["background"]["expiry"]
+
+
 def test_feedback_on_a_full_disk_is_503_and_the_turn_keeps_its_old_feedback(start, disk):
     url, proxy = start()
     first = post(url, {"model": "rivet", "messages": MESSAGES}).json()["choices"][0]["message"]

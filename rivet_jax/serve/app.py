@@ -275,7 +275,8 @@ async def _healthz(request: Request) -> Response:
     router = proxy.served.report()
     return JSONResponse({"status": "ok" if up else "no backend up", "backends": report,
                          "open_episodes": len(proxy.recorder.open), "router": router,
-                         "exploration": proxy.budget.report()}, status_code=200 if up else 503)
+                         "exploration": proxy.budget.report(), "background": proxy.background},
+                        status_code=200 if up else 503)
 
 
 async def _reload(request: Request) -> Response:
@@ -322,20 +323,38 @@ async def _watch_forever(proxy: Proxy) -> None:
     every = float(proxy.config.get("reload_every_s", 2.0))
     if not proxy.served.hot_swap or every <= 0:
         return
-    while True:
-        await asyncio.sleep(every)
+
+    async def watch():
         if proxy.served.changed():
             await asyncio.to_thread(proxy.served.reload)
+    await _forever(proxy, "hot_swap_watch", every, watch)
 
 
 async def _expire_forever(proxy: Proxy) -> None:
     """Closes idle episodes (outcome unknown) every so often, for as long as the server runs."""
     timeout = proxy.config.episode_timeout_s
-    while True:
-        await asyncio.sleep(min(60.0, max(timeout / 4, 0.05)))
+
+    async def expire():
         expired = await asyncio.to_thread(proxy.recorder.expire, timeout)
         if expired:
             logging.info("closed %d idle episodes without an outcome", len(expired))
+    await _forever(proxy, "expiry", min(60.0, max(timeout / 4, 0.05)), expire)
+
+
+async def _forever(proxy: Proxy, name: str, every: float, step) -> None:
+    """`step()` every `every` seconds for as long as the server runs; a step that fails (a full disk, say) is
+    logged and shown in /healthz (`background`), and the next is tried as usual: the task never dies of it."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await step()
+        except Exception as error:  # noqa: BLE001 - a background task outlives any one failure
+            why = redact(f"{type(error).__name__}: {error}")
+            state = proxy.background.setdefault(name, {"failures": 0})
+            state.update(failures=state["failures"] + 1, last_error=why, at=time.time())
+            logging.warning("background task %s failed (%s); it runs again in %g s", name, why, every)
+        else:
+            proxy.background.get(name, {}).pop("last_error", None)
 
 
 async def _json(request: Request, proxy: Proxy):

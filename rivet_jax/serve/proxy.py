@@ -88,6 +88,7 @@ class Proxy:
         self.budget = Budget(Exploration.of(self.config), budget if budget > 0 else None)
         self.served = ServedRouter(self.router, self.workdir, self.config.get("router_stage", ""), list(self.backends))
         self.sessions = Sessions()
+        self.background: dict[str, dict] = {}   # the background tasks' failures (app.py `_forever`): /healthz
         self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
         self._draining = False
         # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
