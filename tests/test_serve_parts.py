@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn, read_episodes
-from rivet_jax.serve.conversation import RequestError, read_request, session_id
+from rivet_jax.serve.conversation import RequestError, read_request, session_id, session_key
 from rivet_jax.serve.policy import GREEDY, Budget, Exploration, candidate_names, choose, distribution
 from rivet_jax.serve.recorder import NoOpenEpisodeError, Recorder
 
@@ -32,14 +32,26 @@ def test_a_request_reads_as_the_converter_reads_a_log():
     assert not conversation.stream and conversation.user == "u"
 
 
-def test_the_session_is_the_header_then_the_user_then_the_task():
+def test_the_session_is_the_header_then_the_user_then_the_task_keyed(tmp_path):
+    """Without a header or `user`, the session is the task's hash keyed by the proxy's secret: the same task gives
+    the same id under one key (kept across restarts in session.key, owner-only), another id under another key, so
+    a client that knows the task text cannot compute another client's session (issue 40)."""
+    import hashlib
+    import stat
+
+    key = session_key(tmp_path)
+    assert session_key(tmp_path) == key and len(key) == 32
+    assert stat.S_IMODE((tmp_path / "session.key").stat().st_mode) == 0o600
     with_user = read_request({"messages": [{"role": "user", "content": "t"}], "user": "u"})
     anonymous = read_request({"messages": [{"role": "user", "content": "t"}]})
-    assert session_id(with_user, "h") == "h" and session_id(with_user, None) == "u"
-    assert session_id(anonymous, None) == session_id(read_request({"messages": [{"role": "user",
-                                                                                "content": "t"}]}), None)
-    assert session_id(anonymous, None) != session_id(read_request({"messages": [{"role": "user",
-                                                                                "content": "u"}]}), None)
+    assert session_id(with_user, "h", key) == "h" and session_id(with_user, None, key) == "u"
+    same = read_request({"messages": [{"role": "user", "content": "t"}]})
+    assert session_id(anonymous, None, key) == session_id(same, None, key)
+    other = read_request({"messages": [{"role": "user", "content": "u"}]})
+    assert session_id(anonymous, None, key) != session_id(other, None, key)
+    assert session_id(anonymous, None, key) != session_id(anonymous, None, b"another proxy's key")
+    unkeyed = "task-" + hashlib.sha256(b"t").hexdigest()[:16]       # the old, guessable id
+    assert not session_id(anonymous, None, key).startswith(unkeyed)
 
 
 @pytest.mark.parametrize("body, words", [

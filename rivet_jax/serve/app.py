@@ -137,7 +137,7 @@ async def _chat_completions(request: Request) -> Response:
         conversation = read_request(await _json(request, proxy))
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
         given = _text_header(request, proxy.config.session_header) or conversation.user
-        session = checked_text(session_id(conversation, given), "session id")
+        session = checked_text(session_id(conversation, given, proxy.session_key), "session id")
         family = _text_header(request, FAMILY_HEADER) or proxy.config.get("task_family") or None
         if family is not None:
             family = checked_text(family, "task family")

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
+import os
+import secrets
 import unicodedata
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from rivet_jax.data.converters.openai_chat import content_text, routing_state
 from rivet_jax.data.validation import DataError, Where, parse_json
 
 __all__ = ["RequestError", "TooLarge", "NotJson", "Conversation", "read_body", "read_request", "session_id",
-           "checked_text", "converter_messages", "MAX_DEPTH", "MAX_SESSION_CHARS"]
+           "checked_text", "converter_messages", "session_key", "MAX_DEPTH", "MAX_SESSION_CHARS"]
 
 MAX_DEPTH = 64          # JSON nesting of a request body (tool schemas nest a few levels; thousands is an attack)
 MAX_SESSION_CHARS = 512
@@ -162,14 +166,31 @@ def check_fields(body: Mapping) -> None:
             raise RequestError(f"{key!r} must be {what}, got {json.dumps(value)[:60]}")
 
 
-def session_id(conversation: Conversation, header: str | None) -> str:
-    """The episode's session: the session header, else the `user` field, else a hash of the task (so a client that
-    sends neither still has its turns of one conversation joined into one episode)."""
+def session_id(conversation: Conversation, header: str | None, key: bytes) -> str:
+    """The episode's session: the session header, else the `user` field, else a keyed hash of the task (so a client
+    that sends neither still has its turns of one conversation joined into one episode). The proxy's secret `key`
+    makes that id one no other client can compute from the task text, so none can close or divert the episode of
+    another; the response's x-rivet-session tells it to the client it belongs to."""
     if header:
         return header
     if conversation.user:
         return conversation.user
-    return "task-" + hashlib.sha256(conversation.task.encode("utf-8")).hexdigest()[:16]
+    return "task-" + hmac.new(key, conversation.task.encode("utf-8"), hashlib.sha256).hexdigest()[:24]
+
+
+def session_key(directory: Path) -> bytes:
+    """The proxy's secret for the keyed session ids: `<directory>/session.key`, made once (readable by its owner
+    only) and kept, so that open episodes recovered after a restart keep their ids."""
+    path = Path(directory) / "session.key"
+    if not path.exists():
+        partial = path.with_name("session.key.partial")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(secrets.token_hex(32))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    return bytes.fromhex(path.read_text(encoding="utf-8").strip())
 
 
 def converter_messages(messages: Any) -> list[dict]:

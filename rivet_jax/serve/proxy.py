@@ -22,7 +22,7 @@ from rivet_jax.data.converters.common import tokens_and_cost
 from rivet_jax.data.schema import Turn
 from rivet_jax.data.validation import DataError, Where
 from rivet_jax.router import Router
-from rivet_jax.serve.conversation import Conversation
+from rivet_jax.serve.conversation import Conversation, session_key
 from rivet_jax.serve.policy import Budget, Choice, Exploration
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.served import ServedRouter, warm_up
@@ -88,6 +88,7 @@ class Proxy:
         self.budget = Budget(Exploration.of(self.config), budget if budget > 0 else None)
         self.served = ServedRouter(self.router, self.workdir, self.config.get("router_stage", ""), list(self.backends))
         self.sessions = Sessions()
+        self.session_key = session_key(self.recorder.logdir)   # keyed default session ids (conversation.session_id)
         self.background: dict[str, dict] = {}   # the background tasks' failures (app.py `_forever`): /healthz
         self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
         self._draining = False
