@@ -7,7 +7,7 @@
     POST /v1/admin/reload                  load the workdir's deployed router now (hot swap), if it changed
 
 Per request: the conversation becomes the router's state (`conversation.read_request`, the training data's reading),
-the session is the `session_header` header, else the `user` field, else a hash of the task (then the open episode
+the session is the `session_header` header, else the `user` field, else a hash of the task keyed by the proxy's secret (then the open episode
 whose served turns the history repeats, else a new one: two agents that start alike are two episodes, the
 `x-rivet-session` header names each); the candidates are the
 served models that are not down, within the optional `x-rivet-candidates: a,b` header; Q_route ranks them
