@@ -694,6 +694,35 @@ def test_a_hostile_body_is_400_with_why(start, body, why):
     assert reply.status_code == 400 and why in error_message(reply) and proxy.recorder.open == {}
 
 
+def test_a_huge_request_is_parsed_and_scored_off_the_event_loop(start, monkeypatch):
+    """A 7.5 MB message stalled the event loop (every other request and /healthz) for seconds while it was parsed
+    and scored inline. Large bodies are now read, parsed and scored in a thread; small ones stay inline."""
+    from rivet_jax.serve import app as app_module, proxy as proxy_module
+
+    on_loop = {}
+
+    def running_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:
+            return False
+
+    def spy(name, real):
+        def wrapped(*args, **kwargs):
+            on_loop.setdefault(name, []).append(running_loop())
+            return real(*args, **kwargs)
+        return wrapped
+    monkeypatch.setattr(app_module, "read_body", spy("read_body", app_module.read_body))
+    monkeypatch.setattr(app_module, "read_request", spy("read_request", app_module.read_request))
+    monkeypatch.setattr(proxy_module.Proxy, "_score_batch", spy("score", proxy_module.Proxy._score_batch))
+    url, proxy = start(max_body_bytes=16 << 20)
+    assert post(url, {"model": "rivet", "messages": MESSAGES}, session="small").status_code == 200
+    huge = [{"role": "user", "content": TASK + " " + "x" * 7_500_000}]
+    assert post(url, {"model": "rivet", "messages": huge}, session="huge").status_code == 200
+    assert on_loop == {"read_body": [True, False], "read_request": [True, False], "score": [True, False]}
+
+
 def test_a_body_that_is_not_utf8_is_400(start):
     url, _ = start()
     reply = post(url, b'{"model": "rivet", "messages": [{"role": "user", "content": "\xff\xfe"}]}')

@@ -79,6 +79,7 @@ __all__ = ["make_app", "serve"]
 
 CANDIDATES_HEADER = "x-rivet-candidates"
 FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a request opens (else config.task_family)
+INLINE_BYTES = 256 << 10   # bodies up to this are parsed and scored on the event loop; larger ones in a thread
 
 
 def make_app(proxy: Proxy) -> Starlette:
@@ -134,7 +135,8 @@ async def _chat_completions(request: Request) -> Response:
     if (refused := proxy.refused(request)) is not None:
         return refused
     try:
-        conversation = read_request(await _json(request, proxy))
+        body, size = await _json(request, proxy)
+        conversation = read_request(body) if size <= INLINE_BYTES else await asyncio.to_thread(read_request, body)
         requested = _requested(request.headers.get(CANDIDATES_HEADER), proxy)
         given = _text_header(request, proxy.config.session_header) or conversation.user
         session = checked_text(session_id(conversation, given, proxy.session_key), "session id")
@@ -293,7 +295,7 @@ async def _outcome(request: Request) -> Response:
         return refused
     session = request.path_params["session"]
     try:
-        body = await _json(request, proxy)
+        body, _ = await _json(request, proxy)
         if not isinstance(body, dict) or "outcome" not in body:
             raise RequestError('the body must be {"outcome": <a number in [0, 1]>}')
         outcome = check_outcome(body["outcome"], Where("<request>", None))
@@ -358,7 +360,7 @@ async def _forever(proxy: Proxy, name: str, every: float, step) -> None:
 
 
 async def _json(request: Request, proxy: Proxy):
-    """The request's JSON body, read within the limits of the module docstring."""
+    """The request's JSON body, read within the limits of the module docstring, and its size in bytes."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise NotJson(f"the body must be sent as Content-Type: application/json, got {kind or 'none'!r}")
@@ -366,8 +368,10 @@ async def _json(request: Request, proxy: Proxy):
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body is {declared} bytes, over the limit of {limit} (config.max_body_bytes)")
-    return read_body(await read_at_most(request.stream(), limit, TooLarge(
-        f"the body is over the limit of {limit} bytes (config.max_body_bytes)")))
+    data = await read_at_most(request.stream(), limit, TooLarge(
+        f"the body is over the limit of {limit} bytes (config.max_body_bytes)"))
+    # A large body is parsed in a thread: the event loop (every other request, /healthz) never waits on it.
+    return (read_body(data) if len(data) <= INLINE_BYTES else await asyncio.to_thread(read_body, data)), len(data)
 
 
 def _requested(header: str | None, proxy: Proxy) -> list[str] | None:

@@ -31,6 +31,11 @@ from rivet_jax.serve.upstream import Backend, Health, Reply, redact, response_te
 __all__ = ["Proxy", "Sessions", "error_response"]
 
 _CHARS_PER_TOKEN = 4  # the usual rule of thumb, for a backend that reports no usage
+INLINE_CHARS = 256 << 10  # a conversation longer than this is scored in a thread even by the hashing encoder
+
+
+def _size(conversation: Conversation) -> int:
+    return len(conversation.task) + sum(len(t["response"]) + len(t["feedback"]) for t in conversation.history)
 
 
 class Sessions:
@@ -104,7 +109,7 @@ class Proxy:
         time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
         the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
         and one network call."""
-        if not self._in_thread:
+        if not self._in_thread and _size(conversation) <= INLINE_CHARS:
             return self._score_batch([(conversation, candidates, None)], self.served.current)[0]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((conversation, candidates, future))
