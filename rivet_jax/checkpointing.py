@@ -169,7 +169,11 @@ def write_checksums(step: Path) -> None:
 
 
 def damage(step: Path) -> str | None:
-    """Why the checkpoint in `step` cannot be trusted, or None when it is intact."""
+    """Why the checkpoint in `step` cannot be trusted, or None when it is intact. A step that resolves outside its
+    stage directory (a symlink to another run's checkpoint) is never loaded as this run's."""
+    resolved = step.resolve()
+    if not resolved.is_relative_to(step.parent.resolve()):
+        return f"it resolves to {resolved}, outside its stage directory (a symlink to another run's checkpoint)"
     if not (step / CHECKSUMS).is_file():
         try:
             meta = json.loads((step / "meta" / "metadata").read_text(encoding="utf-8"))

@@ -312,6 +312,17 @@ def test_router_refuses_non_finite_parameters(trained, tmp_path):
         Router.from_checkpoint(workdir)
 
 
+def test_a_step_symlinked_to_another_runs_checkpoint_is_not_loaded(trained, tmp_path, caplog):
+    """checkpoints/mc/3 -> another run's step: it loaded that router without a word; now it is passed over as
+    damaged, with a warning naming where it points, for the newest step of this run."""
+    workdir, other = copy_of(trained, tmp_path / "W"), copy_of(trained, tmp_path / "other")
+    os.symlink(checkpointing.stage_dir(other, "mc") / "2", checkpointing.stage_dir(workdir, "mc") / "3")
+    with caplog.at_level(logging.WARNING):
+        Router.from_checkpoint(workdir, stage="mc")
+    assert "mc/3 is damaged (it resolves to" in caplog.text and "outside its stage directory" in caplog.text
+    assert "using epoch 2 instead" in caplog.text
+
+
 def test_parameters_of_other_shapes_than_the_meta_gives_are_one_mismatch_error(trained, tmp_path):
     """A checkpoint whose stored arrays disagree with the width its own config and meta give (a checkpoint saved
     again with another network, its checksums rewritten): the router names the step and the first differing
