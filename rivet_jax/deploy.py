@@ -313,11 +313,10 @@ def best(values: Sequence[float], tolerance: float = 0.0) -> int:
     return int(np.flatnonzero(values >= values.max() - tolerance)[0])
 
 
-def choose(estimates: Estimates, require_gain: bool, floor_name: str = BEST_FIXED) -> int:
-    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model (or
-    `floor_name`: `launch.loop`'s served router) (`require_gain`: with a paired interval above 0; else by the point
-    estimate); none: the floor."""
-    floor = estimates.index(floor_name)
+def choose(estimates: Estimates, require_gain: bool) -> int:
+    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model
+    (`require_gain`: with a paired interval above 0; else by the point estimate); none: the best fixed model."""
+    floor = estimates.index(BEST_FIXED)
     better = [p for p in range(len(estimates.names))
               if p != floor and estimates.difference(p, floor)[1 if require_gain else 0] > 0]
     return better[best(estimates.point[better, J])] if better else floor
@@ -447,20 +446,43 @@ def crossfit_estimates(held: HeldOut, targets: Mapping[str, np.ndarray], fit: He
                        fit_targets: Mapping[str, np.ndarray], resamples: int, seed: int,
                        max_weight: float = np.inf) -> Estimates:
     """Doubly robust estimates on the held-out episodes with FQE's Q fitted on other logs (`fit`: the training
-    split; `ope.crossfit_dr`), every target paired on the same resamples. Targets that choose alike at every
-    state of both are fitted once."""
+    split; `ope.crossfit_dr`), every target paired on the same resamples."""
+    return crossfit_parts(held, targets, fit, fit_targets, [np.ones(len(held.logs.episodes), bool)], resamples, seed,
+                          max_weight)[0]
+
+
+def crossfit_parts(held: HeldOut, targets: Mapping[str, np.ndarray], fit: HeldOut,
+                   fit_targets: Mapping[str, np.ndarray], parts: Sequence[np.ndarray], resamples: int, seed: int,
+                   max_weight: float = np.inf) -> list[Estimates]:
+    """`crossfit_estimates` on each part of the held-out episodes (boolean (n,) masks) alone, with one fitted model.
+    Targets that choose alike at every state of both are fitted once."""
     first: dict[bytes, int] = {}
     which = np.array([first.setdefault(targets[n].tobytes() + fit_targets[n].tobytes(), len(first)) for n in targets])
     unique = [list(targets)[list(which).index(u)] for u in range(len(first))]
     result = ope.crossfit_dr(held.logs, held.features, np.stack([targets[n] for n in unique]), fit.logs,
                              fit.features, np.stack([fit_targets[n] for n in unique]), resamples, seed,
-                             max_weight)
-    return Estimates(list(targets), result["point"][which], result["draws"][:, which], "DR", result["tasks"],
-                     f"doubly robust on {result['episodes']} held-out episodes of {result['tasks']} tasks "
-                     f"({result['supported']} with exact propensities), FQE's Q cross-fitted on the "
-                     f"{len(fit.logs.episodes)} training episodes, weights over {max_weight:g} switched to the model (ridge "
-                     f"{result['ridge']:g}; {len(unique)} distinct "
-                     f"policies among {len(targets)})")
+                             max_weight, parts)
+    return [Estimates(list(targets), part["point"][which], part["draws"][:, which], "DR", part["tasks"],
+                      f"doubly robust on {part['episodes']} held-out episodes of {part['tasks']} tasks "
+                      f"({part['supported']} with exact propensities), FQE's Q cross-fitted on the "
+                      f"{len(fit.logs.episodes)} training episodes, weights over {max_weight:g} switched to the model "
+                      f"(ridge {result['ridge']:g}; {len(unique)} distinct policies among {len(targets)})")
+            for part in result["parts"]]
+
+
+def task_halves(held: HeldOut, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two boolean (n,) masks of the held-out episodes splitting their tasks in halves at random (`seed`): one to
+    choose a candidate on, the other to prove its gain on. Chosen and proved on the same episodes, the best of many
+    noisy estimates is the one noise flattered most, and its interval no longer covers it (the winner's curse;
+    Thomas, Theocharous & Ghavamzadeh 2015's high-confidence policy improvement splits its data for this reason)."""
+    tasks = sorted({e.task.id for e in held.logs.episodes})
+    if len(tasks) < 2:
+        raise ValueError(f"the held-out episodes cover {len(tasks)} task: choosing a candidate and proving its gain "
+                         f"need at least 2 (record more traffic or raise config.loop.holdout)")
+    order = np.random.default_rng(seed).permutation(len(tasks))
+    choosing = {tasks[i] for i in order[:len(tasks) // 2]}
+    mask = np.array([e.task.id in choosing for e in held.logs.episodes])
+    return mask, ~mask
 
 
 MIN_EXPLORED = 0.5  # the share of held-out episodes with exact propensities from which the choice uses DR

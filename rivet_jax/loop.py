@@ -15,9 +15,11 @@ swaps in whatever it names next. A round:
      conversations carry no model names, so no router commits behind it)
   4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust with
      FQE's model cross-fitted on the round's training episodes, every candidate paired with the served router on
-     the same task-clustered bootstrap resamples
-  5. the decision: the best candidate whose paired gain over the served router has a 95% interval above 0
-     (`deploy.choose`, the served router as the floor); none: the served router stays, and the record says why
+     the same task-clustered bootstrap resamples, on each half of the held-out tasks alone (`deploy.task_halves`)
+  5. the decision: the candidate with the best estimate on one half is promoted only when its paired gain over the
+     served router, on the other half, has a 95% interval above 0; otherwise the served router stays, and the
+     record says why. Chosen and proved on the same episodes, the best of a hundred noisy estimates would be the one
+     the noise flattered most, and its interval would not cover it
   6. W/rounds.jsonl gets the round's line (data, every candidate's estimate and interval, decision, why); then,
      promoted, W/deploy.json names the candidate (its runs under rounds/<r>) and a proxy serving W swaps it in.
 
@@ -51,7 +53,7 @@ from rivet_jax.workdir_lock import hold_workdir
 SERVED = "served"
 ROUNDS_FILE = "rounds.jsonl"
 
-__all__ = ["SERVED", "ROUNDS_FILE", "Round", "learn", "finish", "rounds_of", "append_round", "settle",
+__all__ = ["SERVED", "ROUNDS_FILE", "Round", "decide", "learn", "finish", "rounds_of", "append_round", "settle",
            "recorded_path"]
 
 
@@ -88,12 +90,22 @@ def settle(workdir: Path) -> None:
 @dataclasses.dataclass
 class Round:
     """A round's decision (not yet recorded or deployed): the record for rounds.jsonl and, promoted, the
-    deployment; `router` the promoted (or rejected) candidate as it would be served, `held` its held-out episodes."""
+    deployment; `router` the promoted (or rejected) candidate as it would be served, `held` the held-out
+    episodes its gain was proved on."""
 
     record: dict
     router: Router
     held: list[Episode]
     routers: Callable[[], dict[str, Router]]   # every candidate (and the served router) as it would be served
+
+
+def decide(selection: deploy.Estimates, proof: deploy.Estimates) -> tuple[int, bool]:
+    """Step 5 (module docstring): (the candidate, whether it is promoted). The candidate is the policy other than
+    `SERVED` with the best J on the choosing half (`selection`; the earliest of ties); it is promoted only if its
+    paired gain over `SERVED` on the other half (`proof`: the same policies) has a 95% interval above 0."""
+    others = np.where(np.array(selection.names) == SERVED, -np.inf, selection.point[:, deploy.J])
+    shown = deploy.best(others)
+    return shown, proof.difference(shown, proof.index(SERVED))[1] > 0
 
 
 def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info) -> Round:
@@ -144,34 +156,34 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
         f"{len(fit.logs.episodes)} training episodes")
     dc = round_config.deploy
-    estimates = deploy.crossfit_estimates(held, targets(held), fit, targets(fit), dc.resamples, dc.seed,
-                                          float(dc.max_weight))
-    chosen = deploy.choose(estimates, True, SERVED)
-    others = np.where(np.array(estimates.names) == SERVED, -np.inf, estimates.point[:, deploy.J])
-    best = int(np.nanargmax(others))       # the best other estimate, whether or not its gain is shown
-    shown = chosen if estimates.names[chosen] != SERVED else best
-    name = estimates.names[shown]
-    gain, low, high = estimates.difference(shown, estimates.index(SERVED))
-    j_low, j_high = estimates.interval(shown, deploy.J)
-    promoted = estimates.names[chosen] != SERVED
+    choosing, proving = deploy.task_halves(held, dc.seed)
+    selection, proof = deploy.crossfit_parts(held, targets(held), fit, targets(fit), [choosing, proving],
+                                             dc.resamples, dc.seed, float(dc.max_weight))
+    shown, promoted = decide(selection, proof)
+    name = selection.names[shown]
+    gain, low, high = proof.difference(shown, proof.index(SERVED))
+    j_low, j_high = proof.interval(shown, deploy.J)
     candidate = next((c for c in candidates if c.name == name), None)
     router = as_served if candidate is None else scorer.deployable(candidate)
     spec = None
     if promoted:
         spec = candidate.spec(scorer.choice(candidate), pool.names)
         spec["runs"] = [str(Path("rounds") / str(number) / run) for run in candidate.runs]
-    why = (f"{name}: paired gain over the served router {gain:+.4f} [{low:+.4f}, {high:+.4f}] (95%, {estimates.estimator})"
+    why = (f"{name} (the best of {len(candidates)} on {selection.tasks} tasks): paired gain over the served router "
+           f"{gain:+.4f} [{low:+.4f}, {high:+.4f}] (95%, {proof.estimator} on {proof.tasks} other tasks)"
            + (": above 0, promoted" if promoted else ": not shown above 0, the served router stays"))
     log(f"round {number}: {why}")
     record = {"round": number, "episodes": recorded_total - earlier, "recorded_total": recorded_total,
-              "held_out_episodes": len(held_episodes), "held_out_tasks": estimates.tasks,
-              "served_before": deployment_version(workdir), "candidates": deploy.candidate_rows(estimates, SERVED),
+              "held_out_episodes": len(held_episodes), "held_out_tasks": selection.tasks + proof.tasks,
+              "served_before": deployment_version(workdir), "candidates": deploy.candidate_rows(selection, SERVED),
               "candidate": name, "promoted": promoted, "why": why, "deploy": spec,
-              "ope": {"estimator": estimates.estimator, "estimate": float(estimates.point[shown, deploy.J]),
+              "ope": {"estimator": proof.estimator, "estimate": float(proof.point[shown, deploy.J]),
                       "low": j_low, "high": j_high, "gain": gain, "gain_low": low, "gain_high": high,
-                      "served_estimate": float(estimates.point[estimates.index(SERVED), deploy.J])},
-              "note": estimates.note}
-    return Round(record, router, held_episodes,
+                      "served_estimate": float(proof.point[proof.index(SERVED), deploy.J]),
+                      "chosen_on": float(selection.point[shown, deploy.J])},
+              "note": f"chosen on {selection.note}; proved on {proof.note}"}
+    proved_on = [e for e, keep in zip(held.logs.episodes, proving) if keep]
+    return Round(record, router, proved_on,
                  lambda: {SERVED: as_served, **{c.name: scorer.deployable(c) for c in candidates}})
 
 

@@ -376,14 +376,17 @@ def switched(weights: np.ndarray, max_weight: float) -> np.ndarray:
 
 
 def crossfit_dr(logs: Logs, features: np.ndarray, targets: np.ndarray, fit_logs: Logs, fit_features: np.ndarray,
-                fit_targets: np.ndarray, resamples: int, seed: int, max_weight: float = np.inf) -> dict:
+                fit_targets: np.ndarray, resamples: int, seed: int, max_weight: float = np.inf,
+                parts: Sequence[np.ndarray] | None = None) -> dict:
     """Per-decision doubly robust estimates of P targets on `logs` with FQE's Q fitted on other logs (`fit_logs`,
     e.g. the training split: cross-fitting). The model is then independent of the episodes it corrects, so DR stays
     unbiased wherever the propensities are exact, and it is fitted on the larger logs once, not on every resample of
     the few held-out ones: the bootstrap (over tasks, paired across targets) resamples only the held-out terms.
     Weights beyond `max_weight` switch to the model (`switched`).
     targets (P, N, M) at `logs`' states, fit_targets (P, N_fit, M) at `fit_logs`'. Returns {"point": (P, C),
-    "draws": (B, P, C), "ridge", "supported", "episodes", "tasks", "support"}."""
+    "draws": (B, P, C), "ridge", "supported", "episodes", "tasks", "support"}; with `parts` (boolean (n,) masks of
+    the episodes, e.g. disjoint halves of the tasks), "parts": one {"point", "draws", "supported", "episodes",
+    "tasks"} per mask, each estimated on its own episodes alone with the one fitted model."""
     iterations = max(logs.live.shape[1], fit_logs.live.shape[1])
     ridge, _ = choose_ridge(fit_logs, fit_features, fit_targets, iterations, seed=seed)
     fitted = fitted_at(fit_fqe(fit_logs, fit_features, fit_targets, np.ones(len(fit_features)), ridge, iterations),
@@ -392,14 +395,21 @@ def crossfit_dr(logs: Logs, features: np.ndarray, targets: np.ndarray, fit_logs:
     terms = np.stack([dr_terms(logs, switched(np.where(support.episodes[:, None], cumulative_weights(logs, t), 0.0),
                                               max_weight),
                                fitted.logged[:, p], fitted.value[:, p]) for p, t in enumerate(targets)])  # (P, n, C)
-    used = support.episodes.astype(np.float64)
-    if not used.any():
-        raise ValueError(f"no held-out episode the importance-weighted estimators may use: {support.note}")
-    counts = bootstrap_counts(task_clusters(logs), resamples, seed) * used[None, :]                 # (B, n)
-    return {"point": np.einsum("n,pnc->pc", used, terms) / used.sum(),
-            "draws": np.einsum("bn,pnc->bpc", counts, terms) / counts.sum(axis=1)[:, None, None],
-            "ridge": ridge, "supported": int(used.sum()), "episodes": len(used),
-            "tasks": len(set(task_clusters(logs))), "support": support.note}
+    clusters = task_clusters(logs)
+
+    def on(mask: np.ndarray) -> dict:  # the estimates from the episodes of `mask` alone
+        used = (support.episodes & mask).astype(np.float64)
+        if not used.any():
+            raise ValueError(f"no held-out episode the importance-weighted estimators may use: {support.note}")
+        counts = bootstrap_counts(clusters[mask], resamples, seed) * used[mask][None, :]              # (B, n_mask)
+        return {"point": np.einsum("n,pnc->pc", used, terms) / used.sum(),
+                "draws": np.einsum("bn,pnc->bpc", counts, terms[:, mask]) / counts.sum(axis=1)[:, None, None],
+                "supported": int(used.sum()), "episodes": int(mask.sum()), "tasks": len(set(clusters[mask]))}
+
+    out = {**on(np.ones(len(clusters), bool)), "ridge": ridge, "support": support.note}
+    if parts is not None:
+        out["parts"] = [on(np.asarray(mask, bool)) for mask in parts]
+    return out
 
 
 def support_stats(weights: np.ndarray) -> list[dict]:

@@ -208,8 +208,10 @@ SETTINGS: dict[str, Setting] = {
     # One round of learning from live traffic (loop.py, launch.loop): the recorded episodes it adds, and the share of
     # their new tasks held out to prove a candidate's gain over the served router.
     "loop.recorded": Setting("the episodes the proxy recorded ('' = <workdir>/serve/episodes.jsonl)", default=''),
-    "loop.holdout": Setting("share of the recorded traffic's new tasks held out to evaluate candidates against the "
-                            "served router", within(0.05, 0.9), "a fraction in [0.05, 0.9]", default=0.3),
+    # Half of the held-out tasks choose the candidate, the other half prove its gain: each needs enough traffic.
+    "loop.holdout": Setting("share of the recorded traffic's new tasks held out to choose a candidate and prove its "
+                            "gain over the served router", within(0.05, 0.9), "a fraction in [0.05, 0.9]",
+                            default=0.5),
     # The validated choice that ends training (pipeline.py, deploy.py): runs at each conservatism setting (CQL weight
     # x where it applies; the config's own loss is always one), each stage's checkpoint, their ensemble, each
     # recentred with shrinkage k; the best fixed model (k = 0) is always a candidate.

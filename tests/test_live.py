@@ -94,17 +94,67 @@ def test_turns_the_proxy_served_carry_exact_propensities_greedy_ones_included():
     assert ope.logging_support(logs).episodes.tolist() == [True, False, True]
 
 
-def test_the_served_router_stays_unless_a_gain_is_shown_above_zero():
-    # Hand-built paired draws (B = 4 resamples, P = 3 policies, C = 3): "a" gains +0.1 with every resample above 0,
-    # "b" gains more on average but one resample below 0.
+def paired(names, point, gains):
+    """Estimates of `names` (the served router first, J 0) with J point estimates `point` and B = 4 bootstrap
+    draws of J: each policy's listed paired gains over the served router (0 if not listed)."""
+    draws = np.zeros((4, len(names), 3))
+    for p, name in enumerate(names):
+        draws[:, p, 0] = gains.get(name, 0.0)
+    return deploy.Estimates(names, np.array([[x, 0, 0] for x in point]), draws, "DR", 4)
+
+
+def test_a_round_promotes_the_candidate_chosen_on_one_half_only_on_a_gain_shown_on_the_other():
     names = [loop.SERVED, "a", "b"]
-    gains = {"a": [0.05, 0.1, 0.1, 0.15], "b": [-0.2, 0.3, 0.3, 0.2]}
-    draws = np.zeros((4, 3, 3))
-    draws[:, 1, 0], draws[:, 2, 0] = gains["a"], gains["b"]
-    estimates = deploy.Estimates(names, np.array([[0.0] * 3, [0.1, 0, 0], [0.2, 0, 0]]), draws, "DR", 4)
-    assert estimates.names[deploy.choose(estimates, True, loop.SERVED)] == "a"
-    draws[:, 1, 0] = [-0.02, 0.1, 0.1, 0.15]
-    assert estimates.names[deploy.choose(estimates, True, loop.SERVED)] == loop.SERVED
+    selection = paired(names, [0.0, 0.1, 0.2], {"a": [0.1] * 4, "b": [0.2] * 4})      # b: the best estimate
+    shown_by_b = paired(names, [0.0, 0.1, 0.15], {"a": [0.05, 0.1, 0.1, 0.15], "b": [0.1, 0.15, 0.2, 0.15]})
+    assert loop.decide(selection, shown_by_b) == (2, True)
+    # b's gain not shown on the proving half: the served router stays, though a's would have been (choosing a
+    # there would be choosing on the proving half)
+    not_shown = paired(names, [0.0, 0.1, 0.15], {"a": [0.05, 0.1, 0.1, 0.15], "b": [-0.2, 0.3, 0.3, 0.2]})
+    assert loop.decide(selection, not_shown) == (2, False)
+    # the served router is never the candidate, whatever its estimate
+    assert loop.decide(paired(names, [0.5, 0.1, 0.2], {}), shown_by_b)[0] == 2
+
+
+def test_proving_on_the_other_half_keeps_the_false_promotions_rare_that_the_same_half_makes_routine():
+    # 100 candidates exactly as good as the served router; per task, every policy's estimate is noise. Chosen and
+    # proved on the same tasks, the best-looking candidate's interval is above 0 in about half the trials (the
+    # winner's curse: the largest of 100 draws sits ~2.5 SD out, the served router's noise is shared); proved on
+    # the other half, as often as a 95% interval's lower end misses: ~2.5%.
+    rng = np.random.default_rng(0)
+    names = [loop.SERVED] + [f"c{i}" for i in range(100)]
+    same = halves = 0
+    for trial in range(40):
+        per_task = rng.normal(size=(len(names), 60, 3))                                        # (P, T, C)
+        first, second = per_task[:, :30], per_task[:, 30:]
+
+        def estimates(values):
+            return deploy.Estimates(names, values.mean(axis=1), deploy.task_bootstrap(values, 200, trial), "DR",
+                                    values.shape[1])
+
+        same += loop.decide(estimates(per_task), estimates(per_task))[1]
+        halves += loop.decide(estimates(first), estimates(second))[1]
+    assert same >= 12 and halves <= 4, (same, halves)
+
+
+def test_task_halves_split_whole_tasks_at_random_and_need_two():
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+
+    def held(tasks):
+        turn = Turn("a", "r", "", 1, 1, 0.0, done=True, propensity=0.5, router="deploy:x", available=("a", "b"))
+        episodes = [Episode(f"e{i}", Task(t, f"p{t}"), (turn,), 1) for i, t in enumerate(tasks)]
+        return deploy.HeldOut(ope.read_logs(episodes, pool, REWARD), np.zeros((len(tasks), 2)),
+                              -np.ones(len(tasks), int))
+
+    tasks = [f"t{i % 7}" for i in range(30)]
+    first, second = deploy.task_halves(held(tasks), 3)
+    assert (first ^ second).all()                                               # every episode in exactly one half
+    in_first = {t for t, keep in zip(tasks, first) if keep}
+    assert in_first.isdisjoint({t for t, keep in zip(tasks, second) if keep}) and len(in_first) == 3
+    assert (deploy.task_halves(held(tasks), 3)[0] == first).all()              # the seed fixes the halves
+    assert any((deploy.task_halves(held(tasks), s)[0] != first).any() for s in range(4, 10))
+    with pytest.raises(ValueError, match="at least 2"):
+        deploy.task_halves(held(["t0"] * 5), 0)
 
 
 @pytest.mark.slow
@@ -182,3 +232,37 @@ def test_crossfit_dr_is_importance_sampling_when_the_model_is_zero_and_switches_
     assert result["point"][0, 0] == pytest.approx(by_hand)
     assert ope.crossfit_dr(logs, features, target, zero, features, target, 50, 0, max_weight=1.0)["point"][0, 0] \
         == pytest.approx(0.0)
+
+
+def test_crossfit_parts_are_the_estimates_on_each_parts_episodes_alone():
+    # One model fitted on `fit`, so a part's estimates (point and resamples) are those of the part's episodes as
+    # held-out logs of their own.
+    pool = ModelPool((ModelCard("a", "model a"), ModelCard("b", "model b")))
+    rng = np.random.default_rng(2)
+
+    def logs(n, prefix):
+        episodes = []
+        for i in range(n):
+            model = "a" if rng.random() < 0.6 else "b"
+            turn = Turn(model, "r", "", 10, 5, 0.01, done=True, propensity=0.6 if model == "a" else 0.4,
+                        router="deploy:x", available=("a", "b"))
+            episodes.append(Episode(f"{prefix}{i}", Task(f"{prefix}t{i % 8}", "p"), (turn,), int(rng.random() < 0.5)))
+        return episodes
+
+    def held(episodes):
+        h = np.concatenate([rng.normal(size=(len(episodes), 3)), np.ones((len(episodes), 1))], axis=1)
+        return deploy.HeldOut(ope.read_logs(episodes, pool, REWARD), h[:, :3], -np.ones(len(episodes), int))
+
+    held_episodes, fit = logs(40, "h"), held(logs(60, "f"))
+    whole = held(held_episodes)
+    targets = {"always a": deploy.one_hot(np.zeros(40, int), 2), "always b": deploy.one_hot(np.ones(40, int), 2)}
+    fit_targets = {"always a": deploy.one_hot(np.zeros(60, int), 2), "always b": deploy.one_hot(np.ones(60, int), 2)}
+    first, second = deploy.task_halves(whole, 0)
+    parts = deploy.crossfit_parts(whole, targets, fit, fit_targets, [first, second], 30, 0)
+    for mask, part in zip((first, second), parts):
+        alone = deploy.HeldOut(ope.read_logs([e for e, k in zip(held_episodes, mask) if k], pool, REWARD),
+                               whole.h[mask], whole.previous[mask])
+        expected = deploy.crossfit_estimates(alone, {n: t[mask] for n, t in targets.items()}, fit, fit_targets, 30, 0)
+        np.testing.assert_allclose(part.point, expected.point)
+        np.testing.assert_allclose(part.draws, expected.draws)
+        assert part.tasks == expected.tasks == 4

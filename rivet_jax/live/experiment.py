@@ -14,10 +14,10 @@ router's reward; `live.exact_rollouts` per task, the same draws for every policy
 
   exact_test_regret   the oracle's J on the test split minus the served router's, after the round
   exploration_cost    the served router's J greedy minus exploring, on the traffic's tasks (train + validation)
-  ope.exact           the candidate's J on the held-out recorded episodes' tasks (what its estimate estimates)
+  ope.exact           the candidate's J on the tasks its gain was proved on (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
-  best_candidate      (`live.exact_every_candidate`) the round's candidate with the best exact J on the held-out
-                      tasks, and how far the round's own candidate falls short of it
+  best_candidate      (`live.exact_every_candidate`) the round's candidate with the best exact J on those tasks,
+                      and how far the round's own candidate falls short of it
 
 After the last round (`live.own_logs_check`), the own-logs path on the recorded traffic alone (W/recorded.jsonl):
 what it deploys and its exact test regret (W/own_logs.json).
@@ -244,8 +244,8 @@ def write_report(workdir: Path, oracle_test: float) -> None:
     lines = ["# Learning from live traffic: RouteSim through the proxy", "",
              f"Exact values from RouteSim (reported, never used to decide); the oracle's test J {oracle_test:.4f}.",
              "Regret is the oracle's J minus the served router's on the test split; the estimate is the doubly "
-             "robust J of the round's candidate on its held-out recorded episodes, with its 95% interval, beside "
-             "its exact J on the same tasks.", "",
+             "robust J of the round's candidate on the held-out recorded episodes of the half of the tasks it "
+             "was not chosen on, with its 95% interval, beside its exact J on the same tasks.", "",
              "| round | episodes | candidate | gain over served [95%] | estimate [95%] | exact | covered | promoted | "
              "test regret before -> after | exploration cost |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rounds:
