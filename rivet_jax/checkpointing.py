@@ -10,6 +10,10 @@ A checkpoint whose files no longer match their checksums (a truncated or overwri
 cut short) is damaged: the newest intact one is used instead, with a warning naming the damaged one, and a
 training run (`repair=True`) moves the damaged one aside to `<epoch>.damaged` so it can save that epoch again.
 A checkpoint is refused against a different pool or encoder with a message naming what differs.
+
+Checksums catch a damaged file, not an edited or mixed-up one: every meta is read through `checked_meta`, one
+`DataError` naming the meta file and the field (types, finite numbers, the network's widths by the config's own
+rules) before anything it describes is built or loaded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from rivet_jax.data.schema import ModelPool
+from rivet_jax.config_checks import RULES
+from rivet_jax.data.validation import Where, as_int, as_number, as_str, require_field, require_object, wrong_type
 from rivet_jax.run_identity import file_digest
 
 FORMAT_VERSION = 2  # 2: checksums.json and the corpus digest; format 1 checkpoints load unverified
@@ -100,14 +106,18 @@ class StageCheckpoints:
 
     def restore_meta(self, epoch: int | None = None) -> dict:
         epoch = self._existing(epoch)
-        return self._manager.restore(epoch, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        return self._checked(epoch, self._manager.restore(
+            epoch, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"])
 
     def restore(self, like_state: Any, epoch: int | None = None) -> tuple[Any, dict]:
         """The state (same tree structure as `like_state`) and meta of `epoch` (default: the latest)."""
         epoch = self._existing(epoch)
-        restored = self._manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(like_state), meta=ocp.args.JsonRestore()))
-        return restored["state"], restored["meta"]
+        meta = self.restore_meta(epoch)
+        restored = self._manager.restore(epoch, args=ocp.args.Composite(state=ocp.args.StandardRestore(like_state)))
+        return restored["state"], meta
+
+    def _checked(self, epoch: int, meta: Any) -> dict:
+        return checked_meta(meta, str(self.directory / str(epoch) / "meta" / "metadata"))
 
     def restore_params(self, like_params: Any, epoch: int | None = None) -> tuple[Any, dict]:
         """Only the network parameters of `epoch` (default: the latest), shaped like `like_params` (arrays or
@@ -120,7 +130,7 @@ class StageCheckpoints:
         restored = self._manager.restore(epoch, args=ocp.args.Composite(
             state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
             meta=ocp.args.JsonRestore()))
-        return restored["state"]["params"], restored["meta"]
+        return restored["state"]["params"], self._checked(epoch, restored["meta"])
 
     def _check_shapes(self, epoch: int, like_params: Any) -> None:
         """CheckpointMismatchError listing the stored parameters whose shapes differ from `like_params`' (what the
@@ -153,6 +163,47 @@ class StageCheckpoints:
 
 
 # ------------------------------------------------------------------------------------------------ integrity
+
+
+NETWORK_KEYS = ("model.hidden", "model.card_dim", "model.head_hidden", "model.response_dim", "model.card_inputs",
+                "encoder.dim")   # the config keys a router's network is built from, checked by their own rules
+
+
+def checked_meta(meta: Any, path: str) -> dict:
+    """A checkpoint's meta (the JSON `StageCheckpoints.save` wrote) with every field a reader uses checked; DataError
+    naming `path` and the field otherwise. Format 1 metas (no corpus digest) are accepted as they were."""
+    where = Where(path, None)
+    meta = require_object(meta, where, "<meta>")
+    version = as_int(meta.get("format_version", 1), where, "format_version", minimum=1)
+    if version > FORMAT_VERSION:
+        raise where.error("format_version", f"{version} is newer than this rivet_jax reads ({FORMAT_VERSION}): "
+                          f"upgrade rivet_jax")
+    if as_str(require_field(meta, "stage", where, ""), where, "stage") not in ROUTER_STAGES:
+        raise where.error("stage", f"expected one of {', '.join(ROUTER_STAGES)}, got {meta['stage']!r}")
+    as_int(require_field(meta, "epoch", where, ""), where, "epoch", minimum=0)
+    config = require_object(require_field(meta, "config", where, ""), where, "config")
+    for key in NETWORK_KEYS:
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        valid, expected = RULES[key]   # (settings.SETTINGS' test, what it expects)
+        if node is not None and not valid(node):
+            raise where.error(f"config.{key}", f"expected {expected}, got {node!r}"[:200])
+    ModelPool.from_json(require_field(meta, "pool", where, ""), path=f"{path} (pool)")
+    encoder = require_object(require_field(meta, "encoder", where, ""), where, "encoder")
+    as_str(require_field(encoder, "fingerprint", where, "encoder."), where, "encoder.fingerprint", non_empty=True)
+    if as_number(require_field(meta, "c_ref", where, ""), where, "c_ref") <= 0:
+        raise where.error("c_ref", f"expected a cost scale > 0, got {meta['c_ref']!r}")
+    as_int(require_field(meta, "state_dim", where, ""), where, "state_dim", minimum=1)
+    if version >= 2:
+        corpus = require_object(require_field(meta, "corpus", where, ""), where, "corpus")
+        for name, digest in corpus.items():
+            if not isinstance(digest, str):
+                raise wrong_type(where, f"corpus.{name}", "a digest string", digest)
+    if "num_new" in meta:   # the online stage's progress
+        as_int(meta["num_new"], where, "num_new", minimum=0)
+        require_object(require_field(meta, "progress", where, ""), where, "progress")
+    return meta
 
 
 def item_files(step: Path) -> list[str]:

@@ -5,6 +5,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import numpy as np
 import pytest
 
 from rivet_jax import checkpointing, corpus, engine, run_identity, stage_run, train
+from rivet_jax.data.schema import ModelCard, ModelPool
+from rivet_jax.data.validation import DataError
 from rivet_jax.runs import check_same_config
 from rivet_jax.networks import rve_params
 from rivet_jax.router import Router
@@ -247,6 +250,13 @@ def test_training_resumes_from_the_newest_intact_checkpoint_to_the_same_paramete
         np.testing.assert_array_equal(got, want)
 
 
+def valid_meta(**extra) -> dict:
+    """The smallest meta `checkpointing.checked_meta` accepts (what a run's save writes, less the config)."""
+    pool = ModelPool((ModelCard("a", "model a"),))
+    return {"stage": "mc", "config": {}, "pool": pool.to_json(), "encoder": {"fingerprint": "hashing-8"},
+            "c_ref": 1.0, "state_dim": 3, "corpus": {}, **extra}
+
+
 @pytest.mark.parametrize("keep", [1, 2])
 def test_a_kill_inside_a_save_leaves_a_checkpoint_to_resume_from_whatever_is_kept(tmp_path, monkeypatch, keep):
     """A kill after orbax's save and before the checksums land (issue 40): at checkpoints_to_keep = 1 orbax had
@@ -256,14 +266,14 @@ def test_a_kill_inside_a_save_leaves_a_checkpoint_to_resume_from_whatever_is_kep
         return {"w": jnp.arange(3.0) + k}
 
     checkpoints = checkpointing.StageCheckpoints(tmp_path, "mc", max_to_keep=keep, repair=True)
-    checkpoints.save(1, state(1), {"epoch_note": 1})
-    checkpoints.save(2, state(2), {"epoch_note": 2})
+    checkpoints.save(1, state(1), valid_meta(epoch_note=1))
+    checkpoints.save(2, state(2), valid_meta(epoch_note=2))
 
     def killed(step):
         raise KeyboardInterrupt  # SIGINT / SIGTERM delivered between the save and its checksums
     monkeypatch.setattr(checkpointing, "write_checksums", killed)
     with pytest.raises(KeyboardInterrupt):
-        checkpoints.save(3, state(3), {"epoch_note": 3})
+        checkpoints.save(3, state(3), valid_meta(epoch_note=3))
     monkeypatch.undo()
     checkpoints.close()
 
@@ -272,7 +282,7 @@ def test_a_kill_inside_a_save_leaves_a_checkpoint_to_resume_from_whatever_is_kep
     restored, meta = resumed.restore({"w": jnp.zeros(3)})
     np.testing.assert_array_equal(restored["w"], state(2)["w"])
     assert meta["epoch_note"] == 2
-    resumed.save(3, state(3), {"epoch_note": 3})
+    resumed.save(3, state(3), valid_meta(epoch_note=3))
     assert resumed.epochs() == [2, 3][-keep:]
 
 
@@ -338,6 +348,49 @@ def test_parameters_of_other_shapes_than_the_meta_gives_are_one_mismatch_error(t
                        match=r"mc/3: its parameters do not have the shapes its config and meta give \(\[.* stored, "
                              r".* expected"):
         Router.from_checkpoint(workdir)
+
+
+def _set(meta: dict, dotted: str, value) -> None:
+    *path, last = dotted.split(".")
+    for key in path:
+        meta = meta[key]
+    if value is _DELETE:
+        del meta[last]
+    else:
+        meta[last] = value
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("c_ref", float("nan"), "field 'c_ref': must be finite"),
+    ("c_ref", "0.001", "field 'c_ref': expected number, got str"),
+    ("c_ref", -1.0, "field 'c_ref': expected a cost scale > 0"),
+    ("state_dim", 0, "field 'state_dim': must be >= 1"),
+    ("state_dim", True, "field 'state_dim': expected int, got bool"),
+    ("config.model.hidden", -3, "field 'config.model.hidden': expected an integer >= 1"),
+    ("config.model.card_dim", "wide", "field 'config.model.card_dim': expected an integer >= 1"),
+    ("config", None, "field 'config': expected a JSON object, got null"),
+    ("encoder.fingerprint", _DELETE, "field 'encoder.fingerprint': missing required field"),
+    ("stage", "best", "field 'stage': expected one of mc, td, online"),
+    ("format_version", 99, "field 'format_version': 99 is newer than this rivet_jax reads"),
+    ("corpus.episodes", 7, "field 'corpus.episodes': expected a digest string, got int"),
+    ("pool", "a,b", "(pool): field '<record>': expected a JSON object, got str"),
+])
+def test_an_edited_meta_is_one_error_naming_the_file_and_field(trained, tmp_path, field, value, message):
+    """A meta edited (or written by something else) with its checksums rewritten to match: the checksums cannot
+    tell, the schema does, before a network is built from it or a value used (issue 40). Before: NaN c_ref loaded
+    and made every score NaN, a string state_dim or a negative width crashed inside flax."""
+    workdir = copy_of(trained, tmp_path)
+    step = checkpointing.stage_dir(workdir, "mc") / "2"
+    meta_file = step / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    _set(meta, field, value)
+    meta_file.write_text(json.dumps(meta))
+    checkpointing.write_checksums(step)
+    with pytest.raises(DataError, match=re.escape(f"{meta_file}") + ".*" + re.escape(message)):
+        Router.from_checkpoint(workdir, stage="mc")
 
 
 @pytest.mark.slow
