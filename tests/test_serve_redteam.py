@@ -603,6 +603,33 @@ def test_an_outcome_posted_while_a_turn_streams_waits_for_it(start, router, upst
     assert [len(e.turns) for e in episodes(proxy)] == [1]
 
 
+def test_an_outcome_for_a_second_agent_without_a_session_id_waits_for_its_streaming_turn(start, router, upstreams):
+    """Two agents start alike without session ids: the second is `key~2`, but its turns are served under the
+    task's key. Its outcome, posted while its second turn streams, waits for that turn (it waited on `key~2`
+    alone, found no turn in flight there, and closed the episode without it)."""
+    url, proxy = start(timeout_s=5.0)
+    _, second = first_choice(router, MESSAGES)     # the first agent answered by another model: the two differ
+    post(url, {"model": "rivet", "messages": MESSAGES}, session=None, headers={"x-rivet-candidates": second})
+    b = post(url, {"model": "rivet", "messages": MESSAGES}, session=None)
+    key = unquote(b.headers["x-rivet-session"])
+    assert key.endswith("~2")
+    for settings in upstreams[1].values():
+        settings["kind"] = "stream_slow"
+    messages = MESSAGES + [b.json()["choices"][0]["message"], {"role": "user", "content": "go on"}]
+
+    async def stream_and_close():
+        async with httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("POST", f"{url}/v1/chat/completions",
+                                     json={"model": "rivet", "messages": messages, "stream": True}) as streamed:
+                outcome = asyncio.ensure_future(client.post(f"{url}/v1/episodes/{quote(key, safe='')}/outcome",
+                                                            json={"outcome": 1}))
+                body = b"".join([part async for part in streamed.aiter_bytes()])
+            return body, await outcome
+    body, outcome = asyncio.run(stream_and_close())
+    assert b"[DONE]" in body and outcome.status_code == 200 and outcome.json()["turns"] == 2
+    assert [len(e.turns) for e in episodes(proxy)] == [2]
+
+
 def test_two_agents_that_start_alike_without_session_ids_are_two_episodes(start):
     url, proxy = start()
     a = post(url, {"model": "rivet", "messages": MESSAGES}, session=None)

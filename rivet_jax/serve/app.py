@@ -303,7 +303,9 @@ async def _outcome(request: Request) -> Response:
         return error_response(error.status, str(error))
     except DataError as error:
         return error_response(400, f"outcome: {error.why}")
-    release = await proxy.sessions.hold(session, proxy.config.deadline_s)   # a turn being served is recorded first
+    # A turn being served is recorded first. Without a session id the client's turns are served under the task's
+    # key, and a second agent that started alike is `key~2` (`Recorder.resolve`): its outcome waits on both.
+    release = await proxy.sessions.hold_each([session.split("~", 1)[0], session], proxy.config.deadline_s)
     if release is None:
         return error_response(409, f"a turn of session {session!r} is still in flight: post the outcome once it ends",
                       "conflict")

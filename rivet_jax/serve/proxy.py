@@ -10,7 +10,7 @@ import hmac
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import ml_collections
 import numpy as np
@@ -64,6 +64,24 @@ class Sessions:
                 lock.release()
                 self._leave(session)
         return release
+
+    async def hold_each(self, sessions: Sequence[str], timeout_s: float) -> Callable[[], None] | None:
+        """Every one of `sessions` held, in order (one function lets them all go), or None after `timeout_s`. A
+        request holds one session, so holding several never waits in a cycle."""
+        releases = []
+        deadline = time.monotonic() + timeout_s
+        for session in dict.fromkeys(sessions):
+            release = await self.hold(session, max(0.0, deadline - time.monotonic()))
+            if release is None:
+                for held in releases:
+                    held()
+                return None
+            releases.append(release)
+
+        def release_all() -> None:
+            for held in reversed(releases):
+                held()
+        return release_all
 
     def _leave(self, session: str) -> None:
         lock, users = self._locks[session]
