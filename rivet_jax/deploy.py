@@ -470,21 +470,6 @@ def crossfit_parts(held: HeldOut, targets: Mapping[str, np.ndarray], fit: HeldOu
             for part in result["parts"]]
 
 
-def task_halves(held: HeldOut, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two boolean (n,) masks of the held-out episodes splitting their tasks in halves at random (`seed`): one to
-    choose a candidate on, the other to prove its gain on. Chosen and proved on the same episodes, the best of many
-    noisy estimates is the one noise flattered most, and its interval no longer covers it (the winner's curse;
-    Thomas, Theocharous & Ghavamzadeh 2015's high-confidence policy improvement splits its data for this reason)."""
-    tasks = sorted({e.task.id for e in held.logs.episodes})
-    if len(tasks) < 2:
-        raise ValueError(f"the held-out episodes cover {len(tasks)} task: choosing a candidate and proving its gain "
-                         f"need at least 2 (record more traffic or raise config.loop.holdout)")
-    order = np.random.default_rng(seed).permutation(len(tasks))
-    choosing = {tasks[i] for i in order[:len(tasks) // 2]}
-    mask = np.array([e.task.id in choosing for e in held.logs.episodes])
-    return mask, ~mask
-
-
 MIN_EXPLORED = 0.5  # the share of held-out episodes with exact propensities from which the choice uses DR
 
 

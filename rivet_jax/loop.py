@@ -15,7 +15,7 @@ swaps in whatever it names next. A round:
      conversations carry no model names, so no router commits behind it)
   4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust with
      FQE's model cross-fitted on the round's training episodes, every candidate paired with the served router on
-     the same task-clustered bootstrap resamples, on each half of the held-out tasks alone (`deploy.task_halves`)
+     the same task-clustered bootstrap resamples, on each half of the held-out tasks alone (`task_halves`)
   5. the decision: the candidate with the best estimate on one half is promoted only when its paired gain over the
      served router, on the other half, has a 95% interval above 0; otherwise the served router stays, and the
      record says why. Chosen and proved on the same episodes, the best of a hundred noisy estimates would be the one
@@ -53,8 +53,23 @@ from rivet_jax.workdir_lock import hold_workdir
 SERVED = "served"
 ROUNDS_FILE = "rounds.jsonl"
 
-__all__ = ["SERVED", "ROUNDS_FILE", "Round", "decide", "learn", "finish", "rounds_of", "append_round", "settle",
-           "recorded_path"]
+__all__ = ["SERVED", "ROUNDS_FILE", "Round", "decide", "task_halves", "learn", "finish", "rounds_of", "append_round",
+           "settle", "recorded_path"]
+
+
+def task_halves(held: deploy.HeldOut, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two boolean (n,) masks of the held-out episodes splitting their tasks in halves at random (`seed`): one to
+    choose a candidate on, the other to prove its gain on. Chosen and proved on the same episodes, the best of many
+    noisy estimates is the one noise flattered most, and its interval no longer covers it (the winner's curse;
+    Thomas, Theocharous & Ghavamzadeh 2015's high-confidence policy improvement splits its data for this reason)."""
+    tasks = sorted({e.task.id for e in held.logs.episodes})
+    if len(tasks) < 2:
+        raise ValueError(f"the held-out episodes cover {len(tasks)} task: choosing a candidate and proving its gain "
+                         f"need at least 2 (record more traffic or raise config.loop.holdout)")
+    order = np.random.default_rng(seed).permutation(len(tasks))
+    choosing = {tasks[i] for i in order[:len(tasks) // 2]}
+    mask = np.array([e.task.id in choosing for e in held.logs.episodes])
+    return mask, ~mask
 
 
 def recorded_path(config, workdir: Path) -> Path:
@@ -156,7 +171,7 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
         f"{len(fit.logs.episodes)} training episodes")
     dc = round_config.deploy
-    choosing, proving = deploy.task_halves(held, dc.seed)
+    choosing, proving = task_halves(held, dc.seed)
     selection, proof = deploy.crossfit_parts(held, targets(held), fit, targets(fit), [choosing, proving],
                                              dc.resamples, dc.seed, float(dc.max_weight))
     shown, promoted = decide(selection, proof)

@@ -147,14 +147,14 @@ def test_task_halves_split_whole_tasks_at_random_and_need_two():
                               -np.ones(len(tasks), int))
 
     tasks = [f"t{i % 7}" for i in range(30)]
-    first, second = deploy.task_halves(held(tasks), 3)
+    first, second = loop.task_halves(held(tasks), 3)
     assert (first ^ second).all()                                               # every episode in exactly one half
     in_first = {t for t, keep in zip(tasks, first) if keep}
     assert in_first.isdisjoint({t for t, keep in zip(tasks, second) if keep}) and len(in_first) == 3
-    assert (deploy.task_halves(held(tasks), 3)[0] == first).all()              # the seed fixes the halves
-    assert any((deploy.task_halves(held(tasks), s)[0] != first).any() for s in range(4, 10))
+    assert (loop.task_halves(held(tasks), 3)[0] == first).all()              # the seed fixes the halves
+    assert any((loop.task_halves(held(tasks), s)[0] != first).any() for s in range(4, 10))
     with pytest.raises(ValueError, match="at least 2"):
-        deploy.task_halves(held(["t0"] * 5), 0)
+        loop.task_halves(held(["t0"] * 5), 0)
 
 
 @pytest.mark.slow
@@ -257,7 +257,7 @@ def test_crossfit_parts_are_the_estimates_on_each_parts_episodes_alone():
     whole = held(held_episodes)
     targets = {"always a": deploy.one_hot(np.zeros(40, int), 2), "always b": deploy.one_hot(np.ones(40, int), 2)}
     fit_targets = {"always a": deploy.one_hot(np.zeros(60, int), 2), "always b": deploy.one_hot(np.ones(60, int), 2)}
-    first, second = deploy.task_halves(whole, 0)
+    first, second = loop.task_halves(whole, 0)
     parts = deploy.crossfit_parts(whole, targets, fit, fit_targets, [first, second], 30, 0)
     for mask, part in zip((first, second), parts):
         alone = deploy.HeldOut(ope.read_logs([e for e, k in zip(held_episodes, mask) if k], pool, REWARD),
