@@ -156,9 +156,16 @@ class StageCheckpoints:
         return sorted(int(step) for step in self._manager.all_steps())
 
     def _existing(self, epoch: int | None) -> int:
-        epoch = self.latest_epoch() if epoch is None else epoch
+        """`epoch` (default: the newest intact) if its checkpoint is on disk and intact; else a clear error."""
         if epoch is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            if self.latest_epoch() is None:
+                raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            return self.latest_epoch()
+        if epoch not in self.epochs():
+            raise FileNotFoundError(f"no checkpoint of epoch {epoch} in {self.directory} (kept: "
+                                    f"{', '.join(map(str, self.epochs())) or 'none'})")
+        if (why := damage(self.directory / str(epoch))) is not None:
+            raise DamagedCheckpointError(f"{self.directory / str(epoch)} is damaged: {why}")
         return epoch
 
 
@@ -241,6 +248,8 @@ def damage(step: Path) -> str | None:
         if not any(name.startswith(f"{item}/") for name in sums):
             return f"its {CHECKSUMS} lists no {item} file"
     for name, digest in sorted(sums.items()):
+        if not (step / name).resolve().is_relative_to(resolved):
+            return f"its {CHECKSUMS} names {name!r}, outside the step"
         if not (step / name).is_file():
             return f"{name} is missing"
         if file_digest(step / name) != digest:

@@ -34,6 +34,7 @@ from rivet_jax.data.cards import card_features, placeholder_cards, with_new_card
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn
 from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
+from rivet_jax.data.validation import DataError
 from rivet_jax.deployment_file import check_models, has_deployment, read_deployment_spec
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
@@ -192,14 +193,18 @@ class Router:
         if stage is None:
             raise FileNotFoundError(f"no checkpoint under {checkpointing.stage_dir(workdir, '*')}")
         checkpoints = checkpointing.StageCheckpoints(workdir, stage, max_to_keep=None)
-        meta = checkpoints.restore_meta()
+        epoch = checkpoints.latest_epoch() if epoch is None else epoch
+        meta = checkpoints.restore_meta(epoch)
+        if meta["stage"] != stage:   # a stage's checkpoints copied under another's name: never served as that one
+            raise DataError(str(checkpoints.directory / str(epoch) / "meta" / "metadata"), None, "stage",
+                            f"a {meta['stage']} checkpoint in the {stage} stage's directory")
         config = ml_collections.ConfigDict(meta["config"])
         pool = pool or ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
         encoder = encoder or make_encoder(config.encoder)
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
         params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool), epoch)
         checkpoints.close()
-        _check_finite_params(params, checkpoints.directory / str(epoch or checkpoints.latest_epoch()))
+        _check_finite_params(params, checkpoints.directory / str(epoch))
         card_embeddings = encoder.encode([card.description for card in pool.cards])
         return cls(params, pool, encoder, config, card_embeddings, c_ref=meta["c_ref"])
 

@@ -393,6 +393,35 @@ def test_an_edited_meta_is_one_error_naming_the_file_and_field(trained, tmp_path
         Router.from_checkpoint(workdir, stage="mc")
 
 
+def test_an_epoch_that_was_not_kept_or_is_damaged_is_a_clear_error(trained, tmp_path):
+    """A deployment (or a caller) naming an epoch: one not on disk was orbax's AttributeError; a damaged one was
+    loaded as it was."""
+    workdir = copy_of(trained, tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of epoch 999 in .*mc \(kept: 1, 2\)"):
+        Router.from_checkpoint(workdir, stage="mc", epoch=999)
+    _garbage_meta(checkpointing.stage_dir(workdir, "mc") / "1")
+    with pytest.raises(checkpointing.DamagedCheckpointError, match=r"mc/1 is damaged: meta/metadata does not match"):
+        Router.from_checkpoint(workdir, stage="mc", epoch=1)
+    Router.from_checkpoint(workdir, stage="mc", epoch=2)
+
+
+def test_a_stages_checkpoints_copied_under_another_stages_name_are_refused(trained, tmp_path):
+    """checkpoints/mc copied to checkpoints/td (a mixed-up workdir): it was served as the TD router."""
+    workdir = copy_of(trained, tmp_path)
+    shutil.copytree(checkpointing.stage_dir(workdir, "mc"), checkpointing.stage_dir(workdir, "td"))
+    with pytest.raises(DataError, match=r"td/2/meta/metadata: field 'stage': a mc checkpoint in the td stage's"):
+        Router.from_checkpoint(workdir, stage="td")
+
+
+def test_a_checksums_file_naming_a_path_outside_its_step_marks_it_damaged(trained, tmp_path):
+    workdir = copy_of(trained, tmp_path)
+    step = checkpointing.stage_dir(workdir, "mc") / "2"
+    sums = json.loads((step / checkpointing.CHECKSUMS).read_text())
+    sums["meta/../../../../other/file"] = "0" * 64
+    (step / checkpointing.CHECKSUMS).write_text(json.dumps(sums))
+    assert checkpointing.damage(step) == f"its {checkpointing.CHECKSUMS} names 'meta/../../../../other/file', outside the step"
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_training_never_saves_non_finite_parameters(tmp_path):

@@ -630,6 +630,19 @@ def test_an_outcome_for_a_second_agent_without_a_session_id_waits_for_its_stream
     assert [len(e.turns) for e in episodes(proxy)] == [2]
 
 
+@pytest.mark.parametrize("raw", [b'{"outcome": NaN}', b'{"outcome": 1e400}', b'{"outcome": "1"}',
+                                 b'{"outcome": true}', b'{"outcome": 1, "outcome": 0}', b'[1]', b'{"outcome": null}',
+                                 b'{"outcome": 2}', b'{"outcome": -0.5}'])
+def test_an_outcome_that_is_not_a_number_in_0_1_is_400_and_leaves_the_episode_open(start, raw):
+    url, proxy = start()
+    assert post(url, {"model": "rivet", "messages": MESSAGES}).status_code == 200
+    reply = httpx.post(f"{url}/v1/episodes/s/outcome", content=raw, headers={"content-type": "application/json"},
+                       timeout=30)
+    assert reply.status_code == 400 and "s" in proxy.recorder.open
+    assert proxy.recorder.episodes_path.read_bytes() == b""
+    assert close(url, "s", 0.5).status_code == 200 and [e.outcome for e in episodes(proxy)] == [0.5]
+
+
 def test_two_agents_that_start_alike_without_session_ids_are_two_episodes(start):
     url, proxy = start()
     a = post(url, {"model": "rivet", "messages": MESSAGES}, session=None)
