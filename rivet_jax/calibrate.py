@@ -41,7 +41,7 @@ from rivet_jax.pipeline import logged_splits
 from rivet_jax.router import Choice, Router
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants
 from rivet_jax.settings import with_overrides
-from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, write_verdict
+from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, per_family_of, write_verdict
 
 
 def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, reward: Reward) -> dict:
@@ -202,9 +202,10 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
     reward, cal = router.reward, config.calibrate
     splits = logged_splits(router.config, router_dir)  # the logs the run trained on (RouteSim: its corpus)
     floor = deploy.fixed_floor(splits["train"], router.pool, reward)
+    per_family = per_family_of(splits["train"], router.pool, reward)
     if simulated:
         result = judge_by_rollouts(make_routesim(config.sim), MAIN, RouterPolicy(router), router.pool, floor,
-                                   cal.rollouts, cal.seed + 1, reward, cal.resamples)
+                                   cal.rollouts, cal.seed + 1, reward, cal.resamples, per_family=per_family)
     else:
         test = splits["test"]
         if not test:
@@ -213,7 +214,7 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
         store = embedding_store(config, router.encoder, workdir)
         held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, reward)
         result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
-                               cal.resamples, cal.seed + 1, reward)
+                               cal.resamples, cal.seed + 1, reward, per_family=per_family)
     write_verdict(workdir, result)
     return result
 

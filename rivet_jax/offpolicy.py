@@ -16,7 +16,7 @@ from absl import logging
 
 from rivet_jax import deploy, ope
 from rivet_jax.config_checks import ConfigError
-from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.baselines.registry import fit_baselines
 from rivet_jax.corpus import NoCorpusError, corpus_paths, training_episodes
 from rivet_jax.data.files import episode_paths
@@ -26,7 +26,7 @@ from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, Policy, RandomPolicy, RouterPolicy
 from rivet_jax.runs import MAIN
 from rivet_jax.router import Router
-from rivet_jax.verdict import judge_on_logs, write_verdict
+from rivet_jax.verdict import judge_on_logs, per_family_of, per_family_reference, write_verdict
 
 RANDOM = "random"
 
@@ -57,10 +57,12 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
         return {}
     episodes = training_episodes(config, workdir, read_episodes(episode_files, router.pool).episodes)
     lam = config.reward.lam
+    per_family = per_family_of(episodes, router.pool, router.reward)
+    families = {BEST_PER_FAMILY: per_family} if per_family_reference(per_family) else {}
     if not (everything and "baselines" in config):
-        return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, router.reward)}
+        return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, router.reward), **families}
     store = embedding_store(config, router.encoder, workdir)
-    return fit_baselines(config, episodes, router.pool, store, lam, router.c_ref)
+    return {**fit_baselines(config, episodes, router.pool, store, lam, router.c_ref), **families}
 
 
 def read_heldout(episodes_path: str | Path, cards_path: str | Path, router: Router) -> list[Episode]:
@@ -116,7 +118,8 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     write_result(Path(out or workdir), "ope", result, estimates_table(result))
     if BEST_FIXED in policies:
         result["verdict"] = router_verdict(router, workdir, episodes, policies[BEST_FIXED], resamples, seed,
-                                           f"held-out {split}" if split else "given held-out", Path(out or workdir))
+                                           f"held-out {split}" if split else "given held-out", Path(out or workdir),
+                                           policies.get(BEST_PER_FAMILY))
     else:
         logging.warning("no verdict: the best fixed model of the router's training logs is unknown (its logs are "
                         "not where its config says)")
@@ -124,7 +127,8 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
 
 
 def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_fixed: BestFixedRouter,
-                   resamples: int, seed: int, split: str, out: Path) -> dict:
+                   resamples: int, seed: int, split: str, out: Path,
+                   per_family: BestPerFamilyRouter | None = None) -> dict:
     """`verdict.judge_on_logs` of the router (recentred and committed as deployed) on the held-out episodes;
     written to <out>/verdict.{md,json}."""
     config = router.config
@@ -132,7 +136,7 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     store = embedding_store(config, router.encoder, workdir)
     held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, router.reward)
     result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
-                           resamples, seed, router.reward, split)
+                           resamples, seed, router.reward, split, per_family)
     write_verdict(out, result)
     return result
 

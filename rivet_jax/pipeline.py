@@ -40,7 +40,7 @@ from rivet_jax.runs import member_seeds
 from rivet_jax.settings import with_overrides
 from rivet_jax.stage_run import stored_c_ref
 from rivet_jax.workdir_lock import hold_workdir
-from rivet_jax.verdict import MIN_TASKS, VERDICT_MD, judge_by_rollouts, judge_on_logs, write_verdict
+from rivet_jax.verdict import MIN_TASKS, VERDICT_MD, judge_by_rollouts, judge_on_logs, per_family_of, write_verdict
 
 PROFILE_FILE = "logs_profile.json"
 
@@ -233,13 +233,14 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
     """The verdict of the deployed candidate on the test tasks (none held out: no verdict)."""
     pool, dc = scorer.pool, config.deploy
     reward = Reward.of(config, scorer.router(chosen).c_ref)
+    per_family = per_family_of(splits["train"], pool, reward)
     if env is not None:
         result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
-                                   floor, dc.rollouts, dc.seed + 1, reward, dc.resamples)
+                                   floor, dc.rollouts, dc.seed + 1, reward, dc.resamples, per_family=per_family)
     elif splits["test"]:
         held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
         result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h), held, pool, floor, scorer.commit,
-                               dc.resamples, dc.seed + 1, reward)
+                               dc.resamples, dc.seed + 1, reward, per_family=per_family)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")
         return {"verdict": None, "verdict_text": ""}

@@ -1,4 +1,5 @@
-"""The verdict: the deployed router against the best fixed model and random on the held-out test tasks.
+"""The verdict: the deployed router against the best fixed model, the best fixed model per task family (where the
+training tasks have more than one family) and random on the held-out test tasks.
 
 Written by `rivet_jax.fit` (launch.train), `launch.calibrate` and `launch.evaluate_logs` to `verdict.md` and
 `verdict.json`, and printed. Everything is paired by task (the same bootstrap resamples of the test tasks for every
@@ -6,7 +7,8 @@ policy), with the estimator of `rivet_jax.deploy` (rollouts, committed or FQE), 
 
 Plain warnings, each with the number behind it:
   collapsed          one model takes at least `COLLAPSE_SHARE` of the first turns
-  not better         the paired difference in J against the best fixed model has an interval reaching 0 or below
+  not better         the paired difference in J against the best fixed model (or the best per family) has an
+                     interval reaching 0 or below
   identical          the router chose the same model as fixed model X at every test state
   too few tasks      fewer than `MIN_TASKS` held-out test tasks: the intervals are too wide to tell routers apart
 """
@@ -21,10 +23,11 @@ from typing import Sequence
 import numpy as np
 
 from rivet_jax import deploy, ope
-from rivet_jax.baselines.best_fixed import BestFixedRouter
+from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.schema import ModelPool
+from rivet_jax.baselines.single_turn_base import is_single_model
+from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.deploy import BEST_FIXED, CHANNELS, RANDOM, Estimates
 from rivet_jax.envs.base import Env, Policy, RandomPolicy
 
@@ -59,10 +62,12 @@ def warnings_of(estimates: Estimates, deployed: str, routing: Routing, identical
     top = max(routing.first_turn, key=routing.first_turn.get)
     if routing.first_turn[top] >= COLLAPSE_SHARE:
         out.append(f"collapsed to one model: {100 * routing.first_turn[top]:.0f}% of first turns go to {top}")
-    if deployed != BEST_FIXED:
-        gain, low, high = estimates.difference(estimates.index(deployed), estimates.index(BEST_FIXED))
+    for reference, what in ((BEST_FIXED, "the best fixed model"), (BEST_PER_FAMILY, "the best fixed model per family")):
+        if deployed == BEST_FIXED or reference not in estimates.names:
+            continue
+        gain, low, high = estimates.difference(estimates.index(deployed), estimates.index(reference))
         if low <= 0:
-            out.append(f"not better than the best fixed model: J difference {gain:+.4f}, 95% interval "
+            out.append(f"not better than {what}: J difference {gain:+.4f}, 95% interval "
                        f"[{low:+.4f}, {high:+.4f}] reaches 0")
     if identical_to is not None:
         out.append(f"identical to fixed model {identical_to}: the same choice at every test state")
@@ -74,10 +79,12 @@ def warnings_of(estimates: Estimates, deployed: str, routing: Routing, identical
 
 def verdict(estimates: Estimates, deployed: str, routing: Routing, fixed_model: str, identical_to: str | None,
             context: dict) -> dict:
-    """The verdict as a JSON-ready dict: `estimates` holds the deployed router, BEST_FIXED and RANDOM."""
-    rows = {name: estimates.row(estimates.index(name)) for name in (deployed, BEST_FIXED, RANDOM)}
+    """The verdict as a JSON-ready dict: `estimates` holds the deployed router, BEST_FIXED, RANDOM and possibly
+    BEST_PER_FAMILY."""
+    references = [n for n in (BEST_FIXED, BEST_PER_FAMILY, RANDOM) if n in estimates.names]
+    rows = {name: estimates.row(estimates.index(name)) for name in dict.fromkeys([deployed, *references])}
     paired = {}
-    for reference in (BEST_FIXED, RANDOM):
+    for reference in references:
         if reference == deployed:
             continue
         paired[reference] = {}
@@ -137,16 +144,35 @@ def write_verdict(directory: Path, result: dict) -> str:
 # ------------------------------------------------------------------------------------------------- judging
 
 
+def per_family_of(train_episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> BestPerFamilyRouter | None:
+    """The best fixed model per family of the training tasks; None where no training episode stayed with one model
+    (an exploring proxy's draws: no model's return as a fixed model was logged)."""
+    if not any(is_single_model(e) for e in train_episodes):
+        return None
+    return BestPerFamilyRouter.fit(train_episodes, pool, reward)
+
+
+def per_family_reference(per_family: BestPerFamilyRouter | None) -> bool:
+    """Whether the verdict compares with the best fixed model per family: the training tasks have two families."""
+    return per_family is not None and len(per_family.families) > 1
+
+
 def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: ModelPool, floor: np.ndarray,
-                  commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test") -> dict:
+                  commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test",
+                  per_family: BestPerFamilyRouter | None = None) -> dict:
     """The verdict of the router whose scores at the held-out logged states are `scores` (N, M), against the best
-    fixed model of the training tasks (the best `floor`, (M,)) and random; committed routing (`commit`) is
-    estimated exactly where the logs allow (`deploy.log_estimates`)."""
+    fixed model of the training tasks (the best `floor`, (M,)), the best per family (`per_family`, where the
+    training tasks have two families) and random; committed routing (`commit`) is estimated exactly where the logs
+    allow (`deploy.log_estimates`)."""
     picks = deploy.choices(scores, held, commit)
     fixed = deploy.choices(np.broadcast_to(floor, scores.shape), held, commit)
     targets = {name: deploy.one_hot(picks, len(pool)), BEST_FIXED: deploy.one_hot(fixed, len(pool)),
                RANDOM: deploy.uniform(held)}
-    estimates = deploy.log_estimates(held, {n: targets[n] for n in dict.fromkeys([name, BEST_FIXED, RANDOM])},
+    if per_family_reference(per_family):
+        episodes = held.logs.episodes
+        by_row = np.stack([per_family.scores(episodes[e].task.family, pool) for e in ope.episode_of_rows(held.logs)])
+        targets[BEST_PER_FAMILY] = deploy.one_hot(deploy.choices(by_row, held, commit), len(pool))
+    estimates = deploy.log_estimates(held, {n: targets[n] for n in dict.fromkeys([name, *targets])},
                                      commit, resamples, seed)
     is_first = held.previous < 0
     if commit:  # a committed router keeps its first choice for the whole episode
@@ -158,12 +184,16 @@ def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: Mod
 
 
 def judge_by_rollouts(env: Env, name: str, policy: Policy, pool: ModelPool, floor: np.ndarray, rollouts: int,
-                      seed: int, reward: Reward, resamples: int, split: str = "test") -> dict:
+                      seed: int, reward: Reward, resamples: int, split: str = "test",
+                      per_family: BestPerFamilyRouter | None = None) -> dict:
     """The verdict of `policy` rolled out in `env` on `split`'s tasks against the best fixed model of the training
-    tasks and random, rolled out alike."""
+    tasks, the best per family (`per_family`, where the training tasks have two families) and random, rolled out
+    alike."""
     policies = {name: policy, BEST_FIXED: BestFixedRouter(dict(zip(pool.names, floor.tolist()))),
                 RANDOM: RandomPolicy()}
-    names = list(dict.fromkeys([name, BEST_FIXED, RANDOM]))
+    if per_family_reference(per_family):
+        policies[BEST_PER_FAMILY] = per_family
+    names = list(dict.fromkeys([name, *policies]))
     estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, reward,
                                                  resamples)
     episodes = rolled[0]

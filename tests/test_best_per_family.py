@@ -1,0 +1,83 @@
+"""The best fixed model per task family: the "route by family" rule the verdict compares every router with."""
+
+import numpy as np
+import pytest
+
+from rivet_jax import deploy, ope
+from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestPerFamilyRouter
+from rivet_jax.data.replay import Reward
+from rivet_jax.verdict import format_verdict, judge_on_logs, per_family_of, warnings_of
+from rivet_jax.data.schema import Episode
+from rivet_jax.verdict import Routing
+from tests.test_deploy import POOL, ab_episode, estimates_of, turn
+
+REWARD = Reward(1.0, 0.5, 0.01)   # every turn costs c_ref: a one-turn episode's J is outcome - 1
+
+# Family "code": ace solves every task, bee none; family "math": bee solves every task, ace none; cat solves half of
+# each. Overall (more code tasks): ace 4 of 6, cat 3 of 6, bee 2 of 6.
+TRAIN = ([ab_episode(f"c{i}", "ace", 1, turns=1, family="code") for i in range(4)]
+         + [ab_episode(f"c{i}", "bee", 0, turns=1, family="code") for i in range(4)]
+         + [ab_episode(f"c{i}", "cat", i % 2, turns=1, family="code") for i in range(4)]
+         + [ab_episode(f"m{i}", "ace", 0, turns=1, family="math") for i in range(2)]
+         + [ab_episode(f"m{i}", "bee", 1, turns=1, family="math") for i in range(2)]
+         + [ab_episode(f"m{i}", "cat", i % 2, turns=1, family="math") for i in range(2)])
+
+
+def test_each_family_ranks_its_own_best_model_first_and_an_unknown_family_falls_back_to_the_overall_order():
+    router = BestPerFamilyRouter.fit(TRAIN, POOL, REWARD)
+    # code: ace J 0, cat -0.5, bee -1; math: bee 0, cat -0.5, ace -1; overall: ace 4/6 solved, bee 2/6, cat 1/2
+    assert router.ranking("code") == ["ace", "cat", "bee"]
+    assert router.ranking("math") == ["bee", "cat", "ace"]
+    assert router.ranking("poetry") == router.ranking(None) == ["ace", "cat", "bee"]
+    rng = np.random.default_rng(0)
+    math_task = ab_episode("m9", "bee", 1, family="math").task
+    assert router.act(math_task, (), ["ace", "bee", "cat"], rng) == ("bee", 1.0)
+    assert router.act(math_task, (), ["ace", "cat"], rng) == ("cat", 1.0)     # its best available
+    scores = router.scores("math", POOL)                                     # (M,) in pool order
+    assert [POOL.names[i] for i in np.argsort(-scores)] == ["bee", "cat", "ace"]
+
+
+def test_the_verdict_on_logs_compares_with_the_best_fixed_model_per_family():
+    """Test tasks of both families, every model logged on each (committed estimates: exact). A router that always
+    calls ace equals the best fixed model and loses to the per-family rule on the math tasks by exactly their J."""
+    test = [ab_episode(f"{f}t{i}", m, int((f == "c") == (m == "ace")) if m != "cat" else 0, turns=1,
+                       family={"c": "code", "m": "math"}[f])
+            for f in "cm" for i in range(3) for m in POOL.names]
+    logs = ope.read_logs(test, POOL, REWARD)
+    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
+    floor = np.array([0.0, -0.5, -0.8])                                    # the best fixed model: ace
+    always_ace = np.tile([1.0, 0.0, 0.0], (len(logs.action), 1))
+    result = judge_on_logs("router", always_ace, held, POOL, floor, True, 200, 0, REWARD,
+                           per_family=per_family_of(TRAIN, POOL, REWARD))
+    rows = result["rows"]
+    # ace: J 0 on the 3 code tasks, -1 on the 3 math tasks; per family: ace on code (0), bee on math (0)
+    assert rows["router"]["return"] == pytest.approx(-0.5)
+    assert rows[BEST_PER_FAMILY]["return"] == pytest.approx(0.0)
+    gain = result["paired"][BEST_PER_FAMILY]["return"]
+    assert gain["difference"] == pytest.approx(-0.5) and gain["hi"] < 0
+    assert any(w.startswith("not better than the best fixed model per family: J difference -0.5000")
+               for w in result["warnings"])
+    assert f"J against {BEST_PER_FAMILY}: -0.5000" in format_verdict(result)
+
+
+def test_without_two_training_families_or_single_model_episodes_there_is_no_per_family_reference():
+    one_family = [e for e in TRAIN if e.task.family == "code"]
+    router = per_family_of(one_family, POOL, REWARD)
+    test = [ab_episode(f"t{i}", m, 1, turns=1, family="code") for i in range(3) for m in POOL.names]
+    logs = ope.read_logs(test, POOL, REWARD)
+    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
+    result = judge_on_logs("router", np.tile([1.0, 0.0, 0.0], (len(logs.action), 1)), held, POOL,
+                           np.array([0.0, -1.0, -1.0]), True, 50, 0, REWARD, per_family=router)
+    assert BEST_PER_FAMILY not in result["rows"] and BEST_PER_FAMILY not in result["paired"]
+    drawn = [Episode(f"x{i}", task, (turn("ace", propensity=0.5), turn("bee", propensity=0.5)), 1.0)
+             for i, task in enumerate(e.task for e in TRAIN)]   # an exploring proxy's draws: no fixed model logged
+    assert per_family_of(drawn, POOL, REWARD) is None
+
+
+def test_a_router_below_the_per_family_rule_is_warned_even_when_it_beats_the_best_fixed_model():
+    n = 40
+    estimates = estimates_of({"router": [0.8] * n, deploy.BEST_FIXED: [0.5] * n, BEST_PER_FAMILY: [0.8, 0.9] * 20,
+                              deploy.RANDOM: [0.3] * n})
+    spread = Routing({"ace": 0.5, "bee": 0.5, "cat": 0.0}, {"ace": 0.5, "bee": 0.5, "cat": 0.0}, 0.1, 100)
+    (warning,) = warnings_of(estimates, "router", spread, None)
+    assert warning.startswith("not better than the best fixed model per family: J difference -0.0500")
