@@ -106,7 +106,8 @@ SETTINGS: dict[str, Setting] = {
                                          within(0.0, 1.0), "a fraction in [0, 1]", default=0.1),
     # Held out from training, by task (data/splits.py; written to <workdir>/splits.json and kept): validation
     # chooses (deploy.py), test reports (verdict.py, launch.evaluate_logs). 0 and 0: train on every task.
-    "data.holdout.validation": Setting("share of the tasks held out to validate (whole tasks per family)",
+    "data.holdout.validation": Setting("share of the tasks held out to validate (whole tasks per family, at least one "
+                                       "in a family of 3 or more)",
                                        *_FRACTION, RUN, default=0.1),
     "data.holdout.test": Setting("share of the tasks held out to test", *_FRACTION, RUN, default=0.1),
     "data.holdout.seed": Setting("the draw of the held-out tasks", is_integer, "an integer", RUN, default=0),

@@ -81,3 +81,23 @@ def test_holdout_fractions_are_checked():
     config = with_overrides(default.get_config(), {"data.holdout.validation": 0.6, "data.holdout.test": 0.5})
     assert "data.holdout: validation + test is 1.1, expected at most 0.9 (the rest of the tasks train)" in (
         config_problems(config))
+
+
+def test_every_family_large_enough_gets_a_validation_and_a_test_task_and_the_rest_are_named(tmp_path, caplog):
+    """At 10% / 10%, rounding alone held out nothing of a family under 5 tasks. Families of 1, 2, 3, 4 and 20 tasks:
+    (test, validation) = (0, 0), (0, 1), (1, 1), (1, 1), (2, 2); a share of 0 forces nothing."""
+    sizes = {"one": 1, "two": 2, "three": 3, "four": 4, "twenty": 20}
+    logs = [_episode(f"{f}{i}", f) for f, n in sizes.items() for i in range(n)]
+    splits = split_tasks(logs, validation=0.1, test=0.1, seed=0)
+    count = {name: {f: sum(t.rstrip("0123456789") == f for t in ids) for f in sizes} for name, ids in splits.items()}
+    assert count["test"] == {"one": 0, "two": 0, "three": 1, "four": 1, "twenty": 2}
+    assert count["validation"] == {"one": 0, "two": 1, "three": 1, "four": 1, "twenty": 2}
+    assert count["train"] == {"one": 1, "two": 1, "three": 1, "four": 2, "twenty": 16}
+    no_test = split_tasks(logs, validation=0.1, test=0.0, seed=0)
+    assert no_test["test"] == [] and len(no_test["validation"]) == 1 + 1 + 1 + 2
+    with caplog.at_level("WARNING"):
+        manifest_for(tmp_path, logs, 0.1, 0.1, 0)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(w.startswith("no validation task in 1 family too small to hold one out (e.g. 'one')") for w in warned)
+    assert any(w.startswith("no test task in 2 families too small to hold one out (e.g. 'one', 'two')")
+               for w in warned)

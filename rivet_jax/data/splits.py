@@ -3,7 +3,8 @@
 Splitting by episode would put episodes of one task on both sides (every logging policy ran the same tasks), and a
 router that memorised a task's text would look better on "held-out" logs than it is. So whole tasks go to one split,
 drawn per `task.family` (tasks without a family form one stratum) so that a rare family is not left out of a split
-by chance, and seeded. The manifest (`<workdir>/splits.json`) fixes the split for every later run and stage of that
+by chance (every family of 3 tasks or more has one in validation and one in test; a smaller one is named in the
+log), and seeded. The manifest (`<workdir>/splits.json`) fixes the split for every later run and stage of that
 workdir, and tells `launch.evaluate_logs` which episodes were held out.
 
 Logs grow (serve -> record -> retrain): a new workdir trained on old and new logs together extends the old split
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from absl import logging
 
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.files import atomic_write_text
@@ -32,24 +34,49 @@ MANIFEST = "splits.json"
 
 
 def split_tasks(episodes: Sequence[Episode], validation: float, test: float, seed: int) -> dict[str, list[str]]:
-    """{split: sorted task ids}: in each family, a seeded permutation of its tasks; the first round(test x n) go to
-    test, the next round(validation x n) to validation, the rest (at least one task) to training."""
+    """{split: sorted task ids}: in each family, a seeded permutation of its tasks; the first `held_counts` go to
+    test, then to validation, the rest (at least one task) to training."""
     if not (0 <= validation and 0 <= test and validation + test < 1):
         raise ValueError(f"holdout fractions must be >= 0 and sum below 1, got validation {validation}, test {test}")
-    families: dict[str, set[str]] = defaultdict(set)
-    for episode in episodes:
-        families[episode.task.family or ""].add(episode.task.id)
+    families = tasks_by_family(episodes)
     out: dict[str, list[str]] = {name: [] for name in SPLITS}
     for index, family in enumerate(sorted(families)):
         ids = sorted(families[family])
         order = np.random.default_rng([seed, index]).permutation(len(ids))
-        n_test = min(round(test * len(ids)), len(ids) - 1)
-        n_validation = min(round(validation * len(ids)), len(ids) - 1 - n_test)
+        n_test, n_validation = held_counts(len(ids), validation, test)
         shuffled = [ids[i] for i in order]
         out["test"] += shuffled[:n_test]
         out["validation"] += shuffled[n_test:n_test + n_validation]
         out["train"] += shuffled[n_test + n_validation:]
     return {name: sorted(ids) for name, ids in out.items()}
+
+
+def held_counts(n: int, validation: float, test: float) -> tuple[int, int]:
+    """(test, validation) task counts of a family of n tasks: round(share x n) each, and at least one for a share
+    above 0 while the family keeps a training task (validation first: with 2 tasks, one is held out to choose on).
+    Rounded alone, 10% of a family of 4 is 0: the choice and the verdict never saw the family."""
+    n_test = min(round(test * n), n - 1)
+    n_validation = min(round(validation * n), n - 1 - n_test)
+    if validation > 0 and n_validation == 0 and n - n_test >= 2:
+        n_validation = 1
+    if test > 0 and n_test == 0 and n - n_validation >= 2:
+        n_test = 1
+    return n_test, n_validation
+
+
+def tasks_by_family(episodes: Sequence[Episode]) -> dict[str, set[str]]:
+    """{family ("" for none): its task ids}."""
+    families: dict[str, set[str]] = defaultdict(set)
+    for episode in episodes:
+        families[episode.task.family or ""].add(episode.task.id)
+    return families
+
+
+def unheld_families(episodes: Sequence[Episode], splits: dict[str, list[str]]) -> dict[str, list[str]]:
+    """{split: the families (by name, "" for none) with no task in it}, for validation and test."""
+    families = tasks_by_family(episodes)
+    return {name: sorted(f for f, ids in families.items() if not ids & set(splits[name]))
+            for name in ("validation", "test")}
 
 
 def hashed_split(task_id: str, validation: float, test: float, seed: int) -> str:
@@ -105,6 +132,12 @@ def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], valida
         origin = {"extended_from": os.fspath(extend)}
     else:
         splits = split_tasks(episodes, validation, test, seed)
+        for name, share in (("validation", validation), ("test", test)):
+            if share > 0 and (missing := unheld_families(episodes, splits)[name]):
+                logging.warning("no %s task in %d famil%s too small to hold one out (e.g. %s): the %s cannot "
+                                "see them; log more tasks of them", name, len(missing), "y" if len(missing) == 1 else "ies",
+                                ", ".join(repr(f) for f in missing[:3]),
+                                "choice" if name == "validation" else "verdict")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"settings": settings, **origin, **splits}, indent=1) + "\n")
     return splits
