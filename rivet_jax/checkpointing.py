@@ -161,9 +161,9 @@ class StageCheckpoints:
             if self.latest_epoch() is None:
                 raise FileNotFoundError(f"no checkpoint in {self.directory}")
             return self.latest_epoch()
-        if epoch not in self.epochs():
+        if epoch not in (kept := self.epochs()):
             raise FileNotFoundError(f"no checkpoint of epoch {epoch} in {self.directory} (kept: "
-                                    f"{', '.join(map(str, self.epochs())) or 'none'})")
+                                    f"{', '.join(map(str, kept)) or 'none'})")
         if (why := damage(self.directory / str(epoch))) is not None:
             raise DamagedCheckpointError(f"{self.directory / str(epoch)} is damaged: {why}")
         return epoch

@@ -26,7 +26,7 @@ from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, Policy, RandomPolicy, RouterPolicy
 from rivet_jax.runs import MAIN
 from rivet_jax.router import Router
-from rivet_jax.verdict import judge_on_logs, per_family_of, per_family_reference, write_verdict
+from rivet_jax.verdict import judge_on_logs, per_family_of, write_verdict
 
 RANDOM = "random"
 
@@ -58,7 +58,7 @@ def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, 
     episodes = training_episodes(config, workdir, read_episodes(episode_files, router.pool).episodes)
     lam = config.reward.lam
     per_family = per_family_of(episodes, router.pool, router.reward)
-    families = {BEST_PER_FAMILY: per_family} if per_family_reference(per_family) else {}
+    families = {} if per_family is None else {BEST_PER_FAMILY: per_family}
     if not (everything and "baselines" in config):
         return {BEST_FIXED: BestFixedRouter.fit(episodes, router.pool, router.reward), **families}
     store = embedding_store(config, router.encoder, workdir)

@@ -145,30 +145,26 @@ def write_verdict(directory: Path, result: dict) -> str:
 
 
 def per_family_of(train_episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> BestPerFamilyRouter | None:
-    """The best fixed model per family of the training tasks; None where no training episode stayed with one model
-    (an exploring proxy's draws: no model's return as a fixed model was logged)."""
+    """The best fixed model per family of the training tasks, where the verdict compares with it: None unless the
+    training tasks have two families with episodes that stayed with one model (an exploring proxy's draws alone log
+    no model's return as a fixed model; one family is the best fixed model itself)."""
     if not any(is_single_model(e) for e in train_episodes):
         return None
-    return BestPerFamilyRouter.fit(train_episodes, pool, reward)
-
-
-def per_family_reference(per_family: BestPerFamilyRouter | None) -> bool:
-    """Whether the verdict compares with the best fixed model per family: the training tasks have two families."""
-    return per_family is not None and len(per_family.families) > 1
+    per_family = BestPerFamilyRouter.fit(train_episodes, pool, reward)
+    return per_family if len(per_family.families) > 1 else None
 
 
 def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: ModelPool, floor: np.ndarray,
                   commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test",
                   per_family: BestPerFamilyRouter | None = None) -> dict:
     """The verdict of the router whose scores at the held-out logged states are `scores` (N, M), against the best
-    fixed model of the training tasks (the best `floor`, (M,)), the best per family (`per_family`, where the
-    training tasks have two families) and random; committed routing (`commit`) is estimated exactly where the logs
-    allow (`deploy.log_estimates`)."""
+    fixed model of the training tasks (the best `floor`, (M,)), the best per family (`per_family_of`; None: none)
+    and random; committed routing (`commit`) is estimated exactly where the logs allow (`deploy.log_estimates`)."""
     picks = deploy.choices(scores, held, commit)
     fixed = deploy.choices(np.broadcast_to(floor, scores.shape), held, commit)
     targets = {name: deploy.one_hot(picks, len(pool)), BEST_FIXED: deploy.one_hot(fixed, len(pool)),
                RANDOM: deploy.uniform(held)}
-    if per_family_reference(per_family):
+    if per_family is not None:
         episodes = held.logs.episodes
         by_row = np.stack([per_family.scores(episodes[e].task.family, pool) for e in ope.episode_of_rows(held.logs)])
         targets[BEST_PER_FAMILY] = deploy.one_hot(deploy.choices(by_row, held, commit), len(pool))
@@ -187,11 +183,10 @@ def judge_by_rollouts(env: Env, name: str, policy: Policy, pool: ModelPool, floo
                       seed: int, reward: Reward, resamples: int, split: str = "test",
                       per_family: BestPerFamilyRouter | None = None) -> dict:
     """The verdict of `policy` rolled out in `env` on `split`'s tasks against the best fixed model of the training
-    tasks, the best per family (`per_family`, where the training tasks have two families) and random, rolled out
-    alike."""
+    tasks, the best per family (`per_family_of`; None: none) and random, rolled out alike."""
     policies = {name: policy, BEST_FIXED: BestFixedRouter(dict(zip(pool.names, floor.tolist()))),
                 RANDOM: RandomPolicy()}
-    if per_family_reference(per_family):
+    if per_family is not None:
         policies[BEST_PER_FAMILY] = per_family
     names = list(dict.fromkeys([name, *policies]))
     estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, reward,

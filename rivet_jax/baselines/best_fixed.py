@@ -38,12 +38,17 @@ class BestFixedRouter:
 
     @classmethod
     def fit(cls, episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> "BestFixedRouter":
-        by_model = _returns_by_model(episodes, reward)
+        by_model = returns_by_model(episodes, reward)
         if not by_model:
             raise DataError("<training logs>", None, "turns[].propensity",
                             "no logged episode committed to one model, so no model's return as a fixed model was "
                             "logged (logs an exploring proxy recorded are draws at every turn): value them with a "
                             "model of the logs instead, as launch.train does there (deploy.modelled_floor, FQE)")
+        return cls.of_returns(by_model, pool)
+
+    @classmethod
+    def of_returns(cls, by_model: dict[str, list[float]], pool: ModelPool) -> "BestFixedRouter":
+        """From each model's logged returns as a fixed model (`returns_by_model`), in pool order."""
         return cls({m: float(np.mean(by_model[m])) for m in pool.names if m in by_model})
 
     @property
@@ -71,17 +76,16 @@ class BestPerFamilyRouter:
 
     @classmethod
     def fit(cls, episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> "BestPerFamilyRouter":
-        overall = BestFixedRouter.fit(episodes, pool, reward)
-        families = {}
-        for family in sorted({family_of(e.task) for e in episodes}):
-            returns = _returns_by_model([e for e in episodes if family_of(e.task) == family], reward)
-            if returns:
-                families[family] = BestFixedRouter({m: float(np.mean(returns[m])) for m in pool.names if m in returns})
-        return cls(families, overall)
+        by_family = defaultdict(list)
+        for episode in episodes:
+            by_family[family_of(episode.task)].append(episode)
+        families = {family: returns_by_model(members, reward) for family, members in sorted(by_family.items())}
+        return cls({family: BestFixedRouter.of_returns(returns, pool)
+                    for family, returns in families.items() if returns}, BestFixedRouter.fit(episodes, pool, reward))
 
     def ranking(self, family: str | None) -> list[str]:
         """Every model the training logs hold alone, best first, for a task of `family`."""
-        own = self.families.get(family or "")
+        own = self.families.get(family or "")     # `family_of`
         first = own.ranking if own is not None else []
         return first + [m for m in self.overall.ranking if m not in first]
 
@@ -102,7 +106,7 @@ def family_of(task: Task) -> str:
     return task.family or ""
 
 
-def _returns_by_model(episodes: Sequence[Episode], reward: Reward) -> dict[str, list[float]]:
+def returns_by_model(episodes: Sequence[Episode], reward: Reward) -> dict[str, list[float]]:
     """{model: the discounted returns of the episodes it answered alone}."""
     by_model = defaultdict(list)
     for episode in episodes:

@@ -132,11 +132,12 @@ def manifest_for(workdir: str | os.PathLike, episodes: Sequence[Episode], valida
         origin = {"extended_from": os.fspath(extend)}
     else:
         splits = split_tasks(episodes, validation, test, seed)
+        unheld = unheld_families(episodes, splits)
         for name, share in (("validation", validation), ("test", test)):
-            if share > 0 and (missing := unheld_families(episodes, splits)[name]):
+            if share > 0 and (missing := unheld[name]):
                 logging.warning("no %s task in %d famil%s too small to hold one out (e.g. %s): the %s cannot "
-                                "see them; log more tasks of them", name, len(missing), "y" if len(missing) == 1 else "ies",
-                                ", ".join(repr(f) for f in missing[:3]),
+                                "see them; log more tasks of them", name, len(missing),
+                                "y" if len(missing) == 1 else "ies", ", ".join(repr(f) for f in missing[:3]),
                                 "choice" if name == "validation" else "verdict")
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps({"settings": settings, **origin, **splits}, indent=1) + "\n")
