@@ -33,7 +33,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     live.temperature = 0.05
     live.epsilon = 0.1            # for exploration = epsilon or margin
     live.margin = 0.05            # for exploration = margin
-    live.budget = 0.0             # expected J given up per episode (by Q_route) before serving greedily; 0: none
+    # Expected J given up per episode by Q_route before the proxy serves greedily (0: no cap). Under a router with
+    # close values softmax at 0.05 tries another model at most turns: uncapped, 0.081 J per episode exactly under
+    # /tmp/live4's promoted router on the traffic's tasks (its Q_route expected 0.151); capped at 0.05, 0.024.
+    live.budget = 0.05
     live.exact_rollouts = 4       # RouteSim rollouts per task of every exact value in the report
     live.exact_every_candidate = True   # every candidate's exact J on the held-out tasks (the best one, reported)
     live.candidate_rollouts = 2         # ... with this many rollouts per task

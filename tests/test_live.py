@@ -21,6 +21,7 @@ from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_a
 from rivet_jax.router import Router
 from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread
+from rivet_jax.serve.policy import Exploration
 from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
@@ -30,16 +31,16 @@ from tests.test_serve_swap import deploy_fixed
 REWARD = Reward(0.05, 0.95, 1e-3)
 
 
-def played(workdir, sim, logdir, tasks, seed, prefix):
-    """`tasks` played through the proxy (greedy, serving `workdir`) in front of one RouteSim upstream, both in
-    threads; episode i draws from rng((seed, i)) and is session f"{prefix}{i}". Returns (the episodes as the
-    simulator saw them, the seeds, the proxy)."""
+def played(workdir, sim, logdir, tasks, seed, prefix, config=None):
+    """`tasks` played through the proxy (serving `workdir`, greedy or as `config` says) in front of one RouteSim
+    upstream, both in threads; episode i draws from rng((seed, i)) and is session f"{prefix}{i}". Returns (the
+    episodes as the simulator saw them, the seeds, the proxy)."""
     episodes = LiveEpisodes(sim)
     seeds = [(seed, i) for i in range(len(tasks))]
     with ServerThread(upstream_app(episodes)) as upstream:
         router = Router.from_checkpoint(workdir)
         backends = {name: Backend(name, upstream.url + "/v1", name, "") for name in router.pool.names}
-        proxy = Proxy(router, backends, Recorder(logdir, router.pool), serve.get_config(), workdir=workdir)
+        proxy = Proxy(router, backends, Recorder(logdir, router.pool), config or serve.get_config(), workdir=workdir)
         with ServerThread(make_app(proxy)) as server:
             lived = play(server.url, episodes, tasks, seeds, [f"{prefix}{i}" for i in range(len(tasks))])
     return lived, seeds, proxy
@@ -79,6 +80,36 @@ def test_the_exact_evaluation_rolls_out_what_the_proxy_serves(demo_router_dir, t
                              [np.random.default_rng(s) for s in seeds], [f"x{i}" for i in range(len(tasks))])
     assert [[t.model for t in e.turns] for e in lived] == [[t.model for t in e.turns] for e in simulated]
     assert [e.outcome for e in lived] == [e.outcome for e in simulated]
+
+
+def test_the_exact_exploring_policy_draws_what_the_proxy_draws_under_its_budget(demo_router_dir, tmp_path):
+    sim, _ = demo_corpus(1)
+    workdir = tmp_path / "w"
+    shutil.copytree(demo_router_dir, workdir)
+    tasks = [t.id for t in sim.tasks("validation")[:6]]
+    config = serve.get_config()
+    config.update(exploration="softmax", temperature=1.0, exploration_budget=0.01, seed=4)
+    lived, seeds, proxy = played(workdir, sim, tmp_path / "log", tasks, 9, "b", config)
+    report = proxy.budget.report()
+    assert report["explored"] > 0 and report["greedy_for_budget"] > 0            # it explored, then the budget held it
+    served = ServedPolicy(Router.from_checkpoint(workdir), Exploration("softmax", temperature=1.0), seed=4,
+                          budget=0.01)
+    assert served.sequential
+    # one after another, as the proxy served them: the same models with the same propensities
+    simulated = [run_episode(sim, task, served, np.random.default_rng(s), "x") for task, s in zip(tasks, seeds)]
+    assert [[(t.model, t.propensity) for t in e.turns] for e in lived] == [
+        [(t.model, pytest.approx(t.propensity, rel=1e-5)) for t in e.turns] for e in simulated]
+    assert served.budget.report()["explored"] == report["explored"]
+    # exact_value rolls a budgeted policy out in that order too (stepped together, its budget would be spent on the
+    # first turns of every episode before any second turn)
+    def budgeted():
+        return ServedPolicy(Router.from_checkpoint(workdir), Exploration("softmax", temperature=1.0), seed=4,
+                            budget=0.01)
+
+    value = experiment.exact_value(sim, budgeted(), tasks, 1, 9, REWARD)
+    in_turn = budgeted()
+    one_by_one = [run_episode(sim, task, in_turn, np.random.default_rng([9, 0, i]), "y") for i, task in enumerate(tasks)]
+    assert value == pytest.approx(np.mean([discounted_return(e, REWARD) for e in one_by_one]), abs=1e-12)
 
 
 def test_turns_the_proxy_served_carry_exact_propensities_greedy_ones_included():
@@ -173,6 +204,11 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
         assert r["episodes"] == live.episodes and set(r["ope"]) >= {"estimate", "low", "high", "exact"}
         assert r["promoted"] == (r["ope"]["gain_low"] > 0)
         assert {"exact_test_regret", "exploration_cost"} <= set(r)
+        exact = {row["policy"]: row["exact"] for row in r["candidates"]}   # every candidate's, beside its estimate
+        assert all(np.isfinite(v) for v in exact.values())
+        best = r["best_candidate"]
+        assert exact[best["name"]] == best["exact"] == max(exact.values())
+        assert exact[best["name"]] - exact[r["candidate"]] == best["shortfall_of_candidate"]
     for before, after in zip(rounds, rounds[1:] + [None]):
         if not before["promoted"] and after is not None:           # nothing changed: the same deployment served
             assert after["served_before"] == before["served_before"]

@@ -13,11 +13,13 @@ Exact values (RouteSim rollouts of the router as the proxy serves it, `live.rout
 router's reward; `live.exact_rollouts` per task, the same draws for every policy):
 
   exact_test_regret   the oracle's J on the test split minus the served router's, after the round
-  exploration_cost    the served router's J greedy minus exploring, on the traffic's tasks (train + validation)
+  exploration_cost    the served router's J greedy minus exploring (under `live.budget`, the episodes one after
+                      another as the proxy serves them), on the traffic's tasks (train + validation)
   ope.exact           the candidate's J on the tasks its gain was proved on (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
   best_candidate      (`live.exact_every_candidate`) the round's candidate with the best exact J on those tasks,
-                      and how far the round's own candidate falls short of it
+                      and how far the round's own candidate falls short of it; every row of `candidates` (estimated on
+                      the choosing half) gains its `exact` J on the proving half's tasks: how well the choice ranks
 
 After the last round (`live.own_logs_check`), the own-logs path on the recorded traffic alone (W/recorded.jsonl):
 what it deploys and its exact test regret (W/own_logs.json).
@@ -200,7 +202,12 @@ def exact_value(sim: RouteSim, policy: Policy, task_ids: Sequence[str], rollouts
     rng([seed, r, i]) whatever the policy, so two policies are compared on the same draws."""
     ids = [task for _ in range(rollouts) for task in task_ids]
     rngs = [np.random.default_rng([seed, r, i]) for r in range(rollouts) for i in range(len(task_ids))]
-    episodes = run_episodes(sim, ids, policy, rngs, [f"{policy.name}/{k}" for k in range(len(ids))])
+    names = [f"{policy.name}/{k}" for k in range(len(ids))]
+    if getattr(policy, "sequential", False):   # a budget's state runs on from episode to episode, as in the proxy
+        episodes = [e for k in range(len(ids)) for e in run_episodes(sim, ids[k:k + 1], policy, rngs[k:k + 1],
+                                                                     names[k:k + 1])]
+    else:
+        episodes = run_episodes(sim, ids, policy, rngs, names)
     return float(np.mean([discounted_return(e, reward) for e in episodes]))
 
 
@@ -214,7 +221,9 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
     held = [by_prompt[e.task.prompt] for e in result.held]
     before = exact_value(sim, ServedPolicy(served), test, rollouts, seed, reward)
     greedy = exact_value(sim, ServedPolicy(served), traffic, rollouts, seed, reward)
-    exploring = exact_value(sim, ServedPolicy(served, exploration, seed=seed), traffic, rollouts, seed, reward)
+    budget = float(live.budget) or None   # the proxy's: 0 is none
+    exploring = exact_value(sim, ServedPolicy(served, exploration, seed=seed, budget=budget), traffic, rollouts, seed,
+                            reward)
     candidate = exact_value(sim, ServedPolicy(result.router), held, rollouts, seed, reward)
     every = {name: exact_value(sim, ServedPolicy(router), held, int(live.candidate_rollouts), seed, reward)
              for name, router in result.routers().items()} if live.exact_every_candidate else {}
@@ -224,6 +233,8 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
            "covered": bool(result.record["ope"]["low"] <= candidate <= result.record["ope"]["high"])}
     best = max(every, key=every.get) if every else None
     name = result.record["candidate"]   # compared at the same rollouts as the others
+    for row in result.record["candidates"] if every else []:   # every estimate beside its exact value
+        row["exact"] = every[row["policy"]] if row["policy"] in every else None
     return {"best_candidate": None if best is None else {"name": best, "exact": every[best],
                                                            "shortfall_of_candidate": every[best] - every[name]},
             "exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,

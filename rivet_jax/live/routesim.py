@@ -34,7 +34,7 @@ from rivet_jax.envs.base import Request as Decision
 from rivet_jax.envs.routesim import RouteSim, SimState
 from rivet_jax.router import Router
 from rivet_jax.serve.conversation import read_request
-from rivet_jax.serve.policy import GREEDY, Exploration, choose
+from rivet_jax.serve.policy import GREEDY, Budget, Exploration
 
 __all__ = ["chat_messages", "served_state", "ServedPolicy", "LiveEpisodes", "upstream_app", "play"]
 
@@ -57,10 +57,15 @@ def served_state(prompt: str, turns: Sequence[Turn]) -> tuple[str, list[dict]]:
 class ServedPolicy:
     """A router as the proxy serves it (module docstring): scores at `served_state`, greedy or drawing with the
     proxy's `exploration` from its own generator (so the environment's draws stay those of the greedy policy's
-    episodes until the two part: common random numbers for the exploration cost)."""
+    episodes until the two part: common random numbers for the exploration cost), under the proxy's exploration
+    `budget` per episode (`serve.policy.Budget`; None: none). A budget's state runs on from episode to episode as in
+    the proxy, so a budgeted policy is `sequential`: its episodes are rolled out one after another (`exact_value`)."""
 
-    def __init__(self, router: Router, exploration: Exploration = GREEDY, seed: int = 0, name: str = "served"):
+    def __init__(self, router: Router, exploration: Exploration = GREEDY, seed: int = 0, name: str = "served",
+                 budget: float | None = None):
         self.router, self.exploration, self.name = router, exploration, name
+        self.budget = Budget(exploration, budget)
+        self.sequential = budget is not None and not exploration.greedy
         self.rng = np.random.default_rng(seed)
 
     def act(self, task, history, available, rng):
@@ -70,9 +75,11 @@ class ServedPolicy:
         q = self.router.scores([served_state(task.prompt, history) for task, history, _, _ in requests],
                                [list(available) for _, _, available, _ in requests])                  # (B, M)
         out = []
-        for row, (_, _, available, _) in zip(q, requests):
-            choice = choose({name: float(row[self.router.pool.index(name)]) for name in available},
-                            self.exploration, self.rng)
+        for row, (_, history, available, _) in zip(q, requests):
+            choice = self.budget.choose({name: float(row[self.router.pool.index(name)]) for name in available},
+                                        self.rng)
+            if not history:   # the episode opened: the budget grows by its share (after its first turn, as the proxy)
+                self.budget.opened()
             out.append((choice.order[0], choice.propensity))
         return out
 
