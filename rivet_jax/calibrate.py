@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, evaluation, ope, plots, train
+from rivet_jax import deploy, evaluation, heldout, ope, plots, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.replay import Reward
@@ -47,11 +47,11 @@ from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, 
 def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, reward: Reward) -> dict:
     """Success, dollar cost and return J (Eqs. 1-2 at `lam`) per episode of rolled-out episodes, each with a 95%
     interval over tasks."""
-    per_task = deploy.per_task_values(episodes, reward)[None]                       # (1, T, C)
-    draws = deploy.task_bootstrap(per_task, resamples, seed)                                    # (B, 1, C)
+    per_task = heldout.per_task_values(episodes, reward)[None]                       # (1, T, C)
+    draws = heldout.task_bootstrap(per_task, resamples, seed)                                    # (B, 1, C)
     out = {}
-    for column, name in ((deploy.SUCCESS, "success"), (deploy.COST, "cost"), (deploy.J, "return")):
-        low, high = deploy.percentiles(draws[:, 0, column])
+    for column, name in ((heldout.SUCCESS, "success"), (heldout.COST, "cost"), (heldout.J, "return")):
+        low, high = heldout.percentiles(draws[:, 0, column])
         out.update({name: float(per_task[0, :, column].mean()), f"{name}_lo": low, f"{name}_hi": high})
     return out
 
@@ -100,7 +100,7 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
     names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
     store = embedding_store(config, first.encoder, workdir)  # the states' vectors, from the workdir's one cache
-    held = deploy.held_out(validation, first.pool, store, first.config.max_state_tokens, Reward(0.0, gamma, c_ref))
+    held = heldout.held_out(validation, first.pool, store, first.config.max_state_tokens, Reward(0.0, gamma, c_ref))
     logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))}
     requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
     targets = [deploy.one_hot(deploy.choices(r.scores_from_embeddings(held.h), held, r.commit), len(first.pool))
@@ -122,7 +122,7 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     def at(p: int, lam: float) -> dict:
         name = names[p]
         j = (1 - lam) * point[0][name]["return"] + lam * point[1][name]["return"]
-        low, high = deploy.percentiles((1 - lam) * draws[0][:, p] + lam * draws[1][:, p])
+        low, high = heldout.percentiles((1 - lam) * draws[0][:, p] + lam * draws[1][:, p])
         return {"estimator": "FQE", **{k: point[0][name][k] for k in keys}, "return": float(j),
                 "return_lo": low, "return_hi": high}
 
@@ -212,7 +212,7 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
             logging.info("calibrate: no held-out test tasks (config.data.holdout.test = 0): no verdict")
             return None
         store = embedding_store(config, router.encoder, workdir)
-        held = deploy.held_out(test, router.pool, store, router.config.max_state_tokens, reward)
+        held = heldout.held_out(test, router.pool, store, router.config.max_state_tokens, reward)
         result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
                                cal.resamples, cal.seed + 1, reward, per_family=per_family)
     write_verdict(workdir, result)

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, pipeline
+from rivet_jax import deploy, heldout, pipeline
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards, write_episodes
@@ -57,7 +57,7 @@ __all__ = ["SERVED", "ROUNDS_FILE", "Round", "decide", "task_halves", "learn", "
            "settle", "recorded_path"]
 
 
-def task_halves(held: deploy.HeldOut, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def task_halves(held: heldout.HeldOut, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Two boolean (n,) masks of the held-out episodes splitting their tasks in halves at random (`seed`): one to
     choose a candidate on, the other to prove its gain on. Chosen and proved on the same episodes, the best of many
     noisy estimates is the one noise flattered most, and its interval no longer covers it (the winner's curse;
@@ -114,11 +114,11 @@ class Round:
     routers: Callable[[], dict[str, Router]]   # every candidate (and the served router) as it would be served
 
 
-def decide(selection: deploy.Estimates, proof: deploy.Estimates) -> tuple[int, bool]:
+def decide(selection: heldout.Estimates, proof: heldout.Estimates) -> tuple[int, bool]:
     """Step 5 (module docstring): (the candidate, whether it is promoted). The candidate is the policy other than
     `SERVED` with the best J on the choosing half (`selection`; the earliest of ties); it is promoted only if its
     paired gain over `SERVED` on the other half (`proof`: the same policies) has a 95% interval above 0."""
-    others = np.where(np.array(selection.names) == SERVED, -np.inf, selection.point[:, deploy.J])
+    others = np.where(np.array(selection.names) == SERVED, -np.inf, selection.point[:, heldout.J])
     shown = deploy.best(others)
     return shown, proof.difference(shown, proof.index(SERVED))[1] > 0
 
@@ -159,25 +159,25 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     candidates = pipeline.candidates_of(round_config, round_dir, trained.runs)
     reward = Reward.of(round_config, trained.prepared.c_ref)
     store = embedding_store(round_config, trained.prepared.encoder, round_dir)
-    held = deploy.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
-    fit = deploy.held_out(trained.splits["train"], pool, store, round_config.max_state_tokens, reward)
+    held = heldout.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
+    fit = heldout.held_out(trained.splits["train"], pool, store, round_config.max_state_tokens, reward)
     as_served = served.with_choice(dataclasses.replace(served.choice, commit=False))
 
-    def targets(at: deploy.HeldOut) -> dict[str, np.ndarray]:
+    def targets(at: heldout.HeldOut) -> dict[str, np.ndarray]:
         chosen = deploy.choices(as_served.scores_from_embeddings(at.h), at, False)
         return {SERVED: deploy.one_hot(chosen, len(pool)), **deploy.targets_of(scorer, candidates, at)}
 
     log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "
-        f"recorded episodes ({deploy.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
+        f"recorded episodes ({heldout.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
         f"{len(fit.logs.episodes)} training episodes")
     dc = round_config.deploy
     choosing, proving = task_halves(held, dc.seed)
-    selection, proof = deploy.crossfit_parts(held, targets(held), fit, targets(fit), [choosing, proving],
+    selection, proof = heldout.crossfit_parts(held, targets(held), fit, targets(fit), [choosing, proving],
                                              dc.resamples, dc.seed, float(dc.max_weight))
     shown, promoted = decide(selection, proof)
     name = selection.names[shown]
     gain, low, high = proof.difference(shown, proof.index(SERVED))
-    j_low, j_high = proof.interval(shown, deploy.J)
+    j_low, j_high = proof.interval(shown, heldout.J)
     candidate = next((c for c in candidates if c.name == name), None)
     router = as_served if candidate is None else scorer.deployable(candidate)
     spec = None
@@ -192,10 +192,10 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
               "held_out_episodes": len(held_episodes), "held_out_tasks": selection.tasks + proof.tasks,
               "served_before": deployment_version(workdir), "candidates": deploy.candidate_rows(selection, SERVED),
               "candidate": name, "promoted": promoted, "why": why, "deploy": spec,
-              "ope": {"estimator": proof.estimator, "estimate": float(proof.point[shown, deploy.J]),
+              "ope": {"estimator": proof.estimator, "estimate": float(proof.point[shown, heldout.J]),
                       "low": j_low, "high": j_high, "gain": gain, "gain_low": low, "gain_high": high,
-                      "served_estimate": float(proof.point[proof.index(SERVED), deploy.J]),
-                      "chosen_on": float(selection.point[shown, deploy.J])},
+                      "served_estimate": float(proof.point[proof.index(SERVED), heldout.J]),
+                      "chosen_on": float(selection.point[shown, heldout.J])},
               "note": f"chosen on {selection.note}; proved on {proof.note}"}
     proved_on = [e for e, keep in zip(held.logs.episodes, proving) if keep]
     return Round(record, router, proved_on,

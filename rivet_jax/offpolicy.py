@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, ope
+from rivet_jax import deploy, heldout, ope
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.baselines.registry import fit_baselines
@@ -105,7 +105,7 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     router = Router.from_checkpoint(workdir, stage)
     episodes = held_out_split(read_heldout(episodes_path, cards_path, router), workdir, split)
     config = router.config
-    held = deploy.held_out(episodes, router.pool, embedding_store(config, router.encoder, workdir),
+    held = heldout.held_out(episodes, router.pool, embedding_store(config, router.encoder, workdir),
                            config.max_state_tokens, router.reward)
     logs = held.logs
     policies = {MAIN: RouterPolicy(router), **log_baselines(router, workdir, baselines),
@@ -134,7 +134,7 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     config = router.config
     floor = deploy.floor_of(best_fixed, router.pool)
     store = embedding_store(config, router.encoder, workdir)
-    held = deploy.held_out(episodes, router.pool, store, config.max_state_tokens, router.reward)
+    held = heldout.held_out(episodes, router.pool, store, config.max_state_tokens, router.reward)
     result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h), held, router.pool, floor, router.commit,
                            resamples, seed, router.reward, split, per_family)
     write_verdict(out, result)

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, deploy, train
+from rivet_jax import checkpointing, deploy, heldout, train
 from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
@@ -169,7 +169,7 @@ def scorer_of(config, workdir: Path, trained: Trained, env: Env | None) -> deplo
         floor = deploy.fixed_floor(train_episodes, prepared.pool, reward)
     else:   # only an exploring proxy's draws
         store = embedding_store(config, prepared.encoder, workdir)
-        floor = deploy.modelled_floor(deploy.held_out(train_episodes, prepared.pool, store, config.max_state_tokens,
+        floor = deploy.modelled_floor(heldout.held_out(train_episodes, prepared.pool, store, config.max_state_tokens,
                                                       reward), int(config.deploy.seed))
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
@@ -201,14 +201,14 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
     store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
-        estimates, _ = deploy.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward, dc.resamples)
+        estimates, _ = heldout.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward, dc.resamples)
     else:
-        held = deploy.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
+        held = heldout.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
         fit = None
-        if deploy.explored_share(held) >= deploy.MIN_EXPLORED:  # DR, its model cross-fitted on the training logs
-            train_held = deploy.held_out(splits["train"], pool, store, config.max_state_tokens, reward)
+        if heldout.explored_share(held) >= heldout.MIN_EXPLORED:  # DR, its model cross-fitted on the training logs
+            train_held = heldout.held_out(splits["train"], pool, store, config.max_state_tokens, reward)
             fit = (train_held, deploy.targets_of(scorer, candidates, train_held))
-        estimates = deploy.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
+        estimates = heldout.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
                                          dc.seed, screen_against=deploy.BEST_FIXED, fit=fit,
                                          max_weight=float(dc.max_weight))
     chosen = candidates[deploy.choose(estimates, dc.require_gain)]
@@ -238,7 +238,7 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
         result = judge_by_rollouts(env, chosen.name, RouterPolicy(scorer.deployable(chosen), name=chosen.name), pool,
                                    floor, dc.rollouts, dc.seed + 1, reward, dc.resamples, per_family=per_family)
     elif splits["test"]:
-        held = deploy.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
+        held = heldout.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
         result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h), held, pool, floor, scorer.commit,
                                dc.resamples, dc.seed + 1, reward, per_family=per_family)
     else:

@@ -22,13 +22,14 @@ from typing import Sequence
 
 import numpy as np
 
-from rivet_jax import deploy, ope
+from rivet_jax import deploy, heldout, ope
 from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
 from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.data.schema import Episode, ModelPool
-from rivet_jax.deploy import BEST_FIXED, CHANNELS, RANDOM, Estimates
+from rivet_jax.deploy import BEST_FIXED, RANDOM
+from rivet_jax.heldout import CHANNELS, Estimates
 from rivet_jax.envs.base import Env, Policy, RandomPolicy
 
 COLLAPSE_SHARE = 0.9
@@ -154,12 +155,12 @@ def per_family_of(train_episodes: Sequence[Episode], pool: ModelPool, reward: Re
     return per_family if len(per_family.families) > 1 else None
 
 
-def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: ModelPool, floor: np.ndarray,
+def judge_on_logs(name: str, scores: np.ndarray, held: heldout.HeldOut, pool: ModelPool, floor: np.ndarray,
                   commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test",
                   per_family: BestPerFamilyRouter | None = None) -> dict:
     """The verdict of the router whose scores at the held-out logged states are `scores` (N, M), against the best
     fixed model of the training tasks (the best `floor`, (M,)), the best per family (`per_family_of`; None: none)
-    and random; committed routing (`commit`) is estimated exactly where the logs allow (`deploy.log_estimates`)."""
+    and random; committed routing (`commit`) is estimated exactly where the logs allow (`heldout.log_estimates`)."""
     picks = deploy.choices(scores, held, commit)
     fixed = deploy.choices(np.broadcast_to(floor, scores.shape), held, commit)
     targets = {name: deploy.one_hot(picks, len(pool)), BEST_FIXED: deploy.one_hot(fixed, len(pool)),
@@ -168,7 +169,7 @@ def judge_on_logs(name: str, scores: np.ndarray, held: deploy.HeldOut, pool: Mod
         episodes = held.logs.episodes
         by_row = np.stack([per_family.scores(episodes[e].task.family, pool) for e in ope.episode_of_rows(held.logs)])
         targets[BEST_PER_FAMILY] = deploy.one_hot(deploy.choices(by_row, held, commit), len(pool))
-    estimates = deploy.log_estimates(held, {n: targets[n] for n in dict.fromkeys([name, *targets])},
+    estimates = heldout.log_estimates(held, {n: targets[n] for n in dict.fromkeys([name, *targets])},
                                      commit, resamples, seed)
     is_first = held.previous < 0
     if commit:  # a committed router keeps its first choice for the whole episode
@@ -189,7 +190,7 @@ def judge_by_rollouts(env: Env, name: str, policy: Policy, pool: ModelPool, floo
     if per_family is not None:
         policies[BEST_PER_FAMILY] = per_family
     names = list(dict.fromkeys([name, *policies]))
-    estimates, rolled = deploy.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, reward,
+    estimates, rolled = heldout.rollout_estimates(env, {n: policies[n] for n in names}, split, rollouts, seed, reward,
                                                  resamples)
     episodes = rolled[0]
     picks = np.array([pool.index(t.model) for e in episodes for t in e.turns])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rivet_jax import deploy, ope
+from rivet_jax import deploy, heldout, ope
 from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestPerFamilyRouter
 from rivet_jax.data.replay import Reward
 from rivet_jax.verdict import format_verdict, judge_on_logs, per_family_of, warnings_of
@@ -44,7 +44,7 @@ def test_the_verdict_on_logs_compares_with_the_best_fixed_model_per_family():
                        family={"c": "code", "m": "math"}[f])
             for f in "cm" for i in range(3) for m in POOL.names]
     logs = ope.read_logs(test, POOL, REWARD)
-    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
+    held = heldout.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
     floor = np.array([0.0, -0.5, -0.8])                                    # the best fixed model: ace
     always_ace = np.tile([1.0, 0.0, 0.0], (len(logs.action), 1))
     result = judge_on_logs("router", always_ace, held, POOL, floor, True, 200, 0, REWARD,
@@ -65,7 +65,7 @@ def test_without_two_training_families_or_single_model_episodes_there_is_no_per_
     router = per_family_of(one_family, POOL, REWARD)
     test = [ab_episode(f"t{i}", m, 1, turns=1, family="code") for i in range(3) for m in POOL.names]
     logs = ope.read_logs(test, POOL, REWARD)
-    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
+    held = heldout.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32), np.full(len(logs.action), -1))
     result = judge_on_logs("router", np.tile([1.0, 0.0, 0.0], (len(logs.action), 1)), held, POOL,
                            np.array([0.0, -1.0, -1.0]), True, 50, 0, REWARD, per_family=router)
     assert BEST_PER_FAMILY not in result["rows"] and BEST_PER_FAMILY not in result["paired"]

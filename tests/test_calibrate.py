@@ -11,7 +11,7 @@ import pytest
 
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax import deploy
+from rivet_jax import deploy, heldout
 from rivet_jax.calibrate import best_checkpoints, episode_summary, pareto
 from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
@@ -42,14 +42,14 @@ def test_each_lambda_keeps_its_stage_with_the_best_validation_return():
 
 
 def test_the_one_task_bootstrap_resamples_tasks():
-    """deploy.task_bootstrap (what calibrate, training's choice and the verdicts read): resample b's mean is the mean
+    """heldout.task_bootstrap (what calibrate, training's choice and the verdicts read): resample b's mean is the mean
     of the tasks drawn with replacement by the seeded generator, for every policy and channel alike."""
     per_task = np.array([[[0.0], [1.0], [0.0], [1.0]], [[0.3], [0.3], [0.3], [0.3]]])           # (P=2, T=4, C=1)
-    draws = deploy.task_bootstrap(per_task, 2000, 0)                                          # (B, P, C)
+    draws = heldout.task_bootstrap(per_task, 2000, 0)                                          # (B, P, C)
     drawn = np.random.default_rng(0).integers(4, size=(2000, 4))                               # the tasks drawn
     np.testing.assert_allclose(draws[:, 0, 0], per_task[0, drawn, 0].mean(axis=1), atol=1e-12)
     np.testing.assert_allclose(draws[:, 1, 0], 0.3, atol=1e-12)  # a constant has no spread
-    low, high = deploy.percentiles(draws[:, 0, 0])
+    low, high = heldout.percentiles(draws[:, 0, 0])
     assert 0.0 <= low < 0.5 < high <= 1.0
 
 

@@ -11,7 +11,7 @@ from rivet_jax.data.replay import Reward
 import rivet_jax
 
 from configs import default
-from rivet_jax import deploy, ope
+from rivet_jax import deploy, heldout, ope
 from rivet_jax.data.model_pool import write_model_cards
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes
@@ -84,13 +84,13 @@ def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
     episodes = [ab_episode(t, m, y, turns=1 + (m == "cat")) for (t, m), y in outcomes.items()]
     lam, gamma, c_ref = 1.0, 0.5, 0.01
     logs = ope.read_logs(episodes, POOL, Reward(lam, gamma, c_ref))
-    held = deploy.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32),
+    held = heldout.HeldOut(logs, np.zeros((len(logs.action), 4), np.float32),
                           np.array([-1 if t == 0 else logs.action[i - 1] for i, t in enumerate(
                               np.concatenate([np.arange(len(e.turns)) for e in episodes]))]))
     first_choice = {"t1": 2, "t2": 1}    # cat on t1 (two turns), bee on t2
     chosen = np.array([first_choice[e.task.id] for e in episodes for _ in e.turns])
     targets = {"router": deploy.one_hot(chosen, 3), "random": deploy.uniform(held)}
-    est = deploy.committed_estimates(held, targets, ["t1", "t2"], resamples=20, seed=0)
+    est = heldout.committed_estimates(held, targets, ["t1", "t2"], resamples=20, seed=0)
     # cat on t1: rewards -1 (a turn's cost is c_ref) then 1 - 1 = 0: J = -1 + 0.5 * 0; bee on t2: 1 - 1 = 0
     np.testing.assert_allclose(est.point[0], [(-1.0 + 0.0) / 2, (1 + 1) / 2, (0.02 + 0.01) / 2])
     returns = {(t, m): (-1 + 0.5 * (y - 1)) if m == "cat" else (y - 1) for (t, m), y in outcomes.items()}
@@ -133,11 +133,11 @@ def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_d
 # ----------------------------------------------------------------------------------------------- the verdict
 
 
-def estimates_of(per_task: dict[str, list[float]], tasks: int | None = None) -> deploy.Estimates:
+def estimates_of(per_task: dict[str, list[float]], tasks: int | None = None) -> heldout.Estimates:
     """Estimates whose J per task is given (success and cost: 0); bootstrap over the tasks."""
     values = np.stack([np.stack([np.array(v), np.zeros(len(v)), np.zeros(len(v))], axis=1)
                        for v in per_task.values()])                                                 # (P, T, C)
-    return deploy.Estimates(list(per_task), values.mean(axis=1), deploy.task_bootstrap(values, 200, 0), "committed",
+    return heldout.Estimates(list(per_task), values.mean(axis=1), heldout.task_bootstrap(values, 200, 0), "committed",
                             tasks or values.shape[1])
 
 
@@ -260,7 +260,7 @@ def test_on_an_exploring_proxys_logs_alone_the_best_fixed_model_is_valued_by_fqe
     config = default.get_config("tiny")
     reward = Reward(0.5, 0.9, 0.01)
     store = embedding_store(config, make_encoder(config.encoder), tmp_path)
-    floor = deploy.modelled_floor(deploy.held_out(episodes, POOL, store, config.max_state_tokens, reward))
+    floor = deploy.modelled_floor(heldout.held_out(episodes, POOL, store, config.max_state_tokens, reward))
     by_hand = [1.0 - 0.5 * 0.02 / 0.01, 0.0 - 0.5 * 0.02 / 0.01, 0.0 - 0.5 * 0.02 / 0.01]   # outcome - lam cost/c_ref
     np.testing.assert_allclose(floor, by_hand, atol=1e-3)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import routesim_live, serve
-from rivet_jax import deploy, loop, ope
+from rivet_jax import deploy, heldout, loop, ope
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn, ModelPool, ModelCard, read_episodes
 from rivet_jax.envs.base import FixedModelPolicy, run_episode, run_episodes
@@ -131,7 +131,7 @@ def paired(names, point, gains):
     draws = np.zeros((4, len(names), 3))
     for p, name in enumerate(names):
         draws[:, p, 0] = gains.get(name, 0.0)
-    return deploy.Estimates(names, np.array([[x, 0, 0] for x in point]), draws, "DR", 4)
+    return heldout.Estimates(names, np.array([[x, 0, 0] for x in point]), draws, "DR", 4)
 
 
 def test_a_round_promotes_the_candidate_chosen_on_one_half_only_on_a_gain_shown_on_the_other():
@@ -160,7 +160,7 @@ def test_proving_on_the_other_half_keeps_the_false_promotions_rare_that_the_same
         first, second = per_task[:, :30], per_task[:, 30:]
 
         def estimates(values):
-            return deploy.Estimates(names, values.mean(axis=1), deploy.task_bootstrap(values, 200, trial), "DR",
+            return heldout.Estimates(names, values.mean(axis=1), heldout.task_bootstrap(values, 200, trial), "DR",
                                     values.shape[1])
 
         same += loop.decide(estimates(per_task), estimates(per_task))[1]
@@ -174,7 +174,7 @@ def test_task_halves_split_whole_tasks_at_random_and_need_two():
     def held(tasks):
         turn = Turn("a", "r", "", 1, 1, 0.0, done=True, propensity=0.5, router="deploy:x", available=("a", "b"))
         episodes = [Episode(f"e{i}", Task(t, f"p{t}"), (turn,), 1) for i, t in enumerate(tasks)]
-        return deploy.HeldOut(ope.read_logs(episodes, pool, REWARD), np.zeros((len(tasks), 2)),
+        return heldout.HeldOut(ope.read_logs(episodes, pool, REWARD), np.zeros((len(tasks), 2)),
                               -np.ones(len(tasks), int))
 
     tasks = [f"t{i % 7}" for i in range(30)]
@@ -233,18 +233,18 @@ def test_the_own_logs_choice_uses_doubly_robust_estimates_on_logs_with_exact_pro
                         router="deploy:x" if served else None, available=("a", "b"))
             episodes.append(Episode(f"e{i}", Task(f"t{i % 10}", f"p{i % 10}"), (turn,), int(rng.random() < 0.5)))
         parsed = ope.read_logs(episodes, pool, REWARD)
-        return deploy.HeldOut(parsed, rng.normal(size=(len(episodes), 4)), -np.ones(len(episodes), int))
+        return heldout.HeldOut(parsed, rng.normal(size=(len(episodes), 4)), -np.ones(len(episodes), int))
 
     targets = {"always a": deploy.one_hot(np.zeros(40, int), 2), "always b": deploy.one_hot(np.ones(40, int), 2)}
     recorded = logs(served=True)
-    assert deploy.explored_share(recorded) == 1.0
-    assert deploy.log_estimates(recorded, targets, True, 20, 0).estimator == "DR"
+    assert heldout.explored_share(recorded) == 1.0
+    assert heldout.log_estimates(recorded, targets, True, 20, 0).estimator == "DR"
     unknown = logs(served=False)   # the same propensities from an unknown logger: below 1, so still usable
-    assert deploy.log_estimates(unknown, targets, True, 20, 0).estimator == "DR"
+    assert heldout.log_estimates(unknown, targets, True, 20, 0).estimator == "DR"
     fixed = dataclasses.replace(unknown, logs=dataclasses.replace(unknown.logs,
                                                                    propensity=np.ones(40)))  # deterministic loggers
-    assert deploy.explored_share(fixed) == 0.0
-    assert deploy.log_estimates(fixed, targets, False, 20, 0).estimator == "FQE"
+    assert heldout.explored_share(fixed) == 0.0
+    assert heldout.log_estimates(fixed, targets, False, 20, 0).estimator == "FQE"
 
 
 def test_crossfit_dr_is_importance_sampling_when_the_model_is_zero_and_switches_past_the_weight_limit():
@@ -287,18 +287,18 @@ def test_crossfit_parts_are_the_estimates_on_each_parts_episodes_alone():
 
     def held(episodes):
         h = np.concatenate([rng.normal(size=(len(episodes), 3)), np.ones((len(episodes), 1))], axis=1)
-        return deploy.HeldOut(ope.read_logs(episodes, pool, REWARD), h[:, :3], -np.ones(len(episodes), int))
+        return heldout.HeldOut(ope.read_logs(episodes, pool, REWARD), h[:, :3], -np.ones(len(episodes), int))
 
     held_episodes, fit = logs(40, "h"), held(logs(60, "f"))
     whole = held(held_episodes)
     targets = {"always a": deploy.one_hot(np.zeros(40, int), 2), "always b": deploy.one_hot(np.ones(40, int), 2)}
     fit_targets = {"always a": deploy.one_hot(np.zeros(60, int), 2), "always b": deploy.one_hot(np.ones(60, int), 2)}
     first, second = loop.task_halves(whole, 0)
-    parts = deploy.crossfit_parts(whole, targets, fit, fit_targets, [first, second], 30, 0)
+    parts = heldout.crossfit_parts(whole, targets, fit, fit_targets, [first, second], 30, 0)
     for mask, part in zip((first, second), parts):
-        alone = deploy.HeldOut(ope.read_logs([e for e, k in zip(held_episodes, mask) if k], pool, REWARD),
+        alone = heldout.HeldOut(ope.read_logs([e for e, k in zip(held_episodes, mask) if k], pool, REWARD),
                                whole.h[mask], whole.previous[mask])
-        expected = deploy.crossfit_estimates(alone, {n: t[mask] for n, t in targets.items()}, fit, fit_targets, 30, 0)
+        expected = heldout.crossfit_estimates(alone, {n: t[mask] for n, t in targets.items()}, fit, fit_targets, 30, 0)
         np.testing.assert_allclose(part.point, expected.point)
         np.testing.assert_allclose(part.draws, expected.draws)
         assert part.tasks == expected.tasks == 4

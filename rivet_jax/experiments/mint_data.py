@@ -17,7 +17,7 @@ import numpy as np
 from rivet_jax.data.converters.mint import MintCorpus, convert_mint
 from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_model_cards, write_episodes, write_model_cards
-from rivet_jax.deploy import task_bootstrap
+from rivet_jax.heldout import task_bootstrap
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
 
