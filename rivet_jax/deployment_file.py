@@ -11,7 +11,8 @@ reloads whatever lands on disk. So every field is checked before anything is loa
   deploy.epoch       absent, null or an integer >= 0
   deploy.pessimism   absent or a finite number >= 0
   deploy.commit      absent or true / false (a JSON boolean: the string "false" is refused, not read as true)
-  deploy.recentring  absent, null, or {"k": finite >= 0, "floor": {model: finite}, "centre": {model: finite}}
+  deploy.recentring  absent, null, or {"k": finite >= 0, "floor": {model: finite}, "centre": {model: finite}},
+                     optionally "groups": {group: {"floor": {model: finite}, "centre": {model: finite}}}
 
 A UTF-8 byte-order mark is accepted (editors on Windows write one); a symlinked deploy.json must resolve to a file.
 """
@@ -102,15 +103,28 @@ def _check_spec(spec: Mapping[str, Any], workdir: Path, where: str) -> None:
     if not _is_number(recentring.get("k")) or recentring["k"] < 0:
         raise DataError(where, None, "deploy.recentring.k", f"expected a finite number >= 0, got "
                         f"{recentring.get('k')!r}")
+    _check_levels(where, recentring, "deploy.recentring")
+    groups = recentring.get("groups", {})
+    if not isinstance(groups, dict):
+        raise DataError(where, None, "deploy.recentring.groups", f"expected an object {{group: {{floor, centre}}}}, "
+                        f"got {_kind(groups)}")
+    for group, levels in groups.items():
+        if not isinstance(levels, dict):
+            raise DataError(where, None, f"deploy.recentring.groups.{group}", f"expected an object with floor and "
+                            f"centre, got {_kind(levels)}")
+        _check_levels(where, levels, f"deploy.recentring.groups.{group}")
+
+
+def _check_levels(where: str, levels: Mapping[str, Any], field: str) -> None:
+    """`levels` has a "floor" and a "centre", each {model: finite number}."""
     for part in ("floor", "centre"):
-        values = recentring.get(part)
+        values = levels.get(part)
         if not isinstance(values, dict) or not values:
-            raise DataError(where, None, f"deploy.recentring.{part}", f"expected an object {{model: number}}, got "
+            raise DataError(where, None, f"{field}.{part}", f"expected an object {{model: number}}, got "
                             f"{_kind(values)}")
         bad = {m: v for m, v in values.items() if not _is_number(v)}
         if bad:
-            raise DataError(where, None, f"deploy.recentring.{part}", f"expected a finite number per model, got "
-                            f"{bad}")
+            raise DataError(where, None, f"{field}.{part}", f"expected a finite number per model, got {bad}")
 
 
 def check_models(spec: Mapping[str, Any], names, workdir: str | os.PathLike) -> None:
@@ -118,11 +132,14 @@ def check_models(spec: Mapping[str, Any], names, workdir: str | os.PathLike) -> 
     recentring = spec.get("recentring")
     if recentring is None:
         return
-    for part in ("floor", "centre"):
-        missing = [m for m in names if m not in recentring[part]]
-        if missing:
-            raise DataError(str(Path(workdir) / DEPLOY_FILE), None, f"deploy.recentring.{part}",
-                            f"no value for the router's models {missing}")
+    levels = {"deploy.recentring": recentring, **{f"deploy.recentring.groups.{group}": part
+                                                  for group, part in recentring.get("groups", {}).items()}}
+    for field, level in levels.items():
+        for part in ("floor", "centre"):
+            missing = [m for m in names if m not in level[part]]
+            if missing:
+                raise DataError(str(Path(workdir) / DEPLOY_FILE), None, f"{field}.{part}",
+                                f"no value for the router's models {missing}")
 
 
 def _is_int(value: Any) -> bool:

@@ -55,14 +55,30 @@ class Recentring:
     """Scores floor + k (Q_route - centre), per model: `floor` (M,) each model's mean logged return as a fixed model
     on the training tasks, `centre` (M,) the router's mean Q_route over the training states. k = 0 always calls the
     best fixed model (the best available floor); k = 1 keeps the router's differences between states at each model's
-    logged level; between, the differences are shrunk toward the floor (`rivet_jax/deploy.py` says why)."""
+    logged level; between, the differences are shrunk toward the floor (`rivet_jax/deploy.py` says why).
+
+    `groups` {group: (floor (M,), centre (M,))}: a state whose task is of a listed group (its `task.family`; "" for
+    tasks without one) is scored against its group's floor (each model's return on that group's training tasks) and
+    centre (the router's mean over that group's training states): k = 0 is then "route by group", the best fixed
+    model of the task's group; any other state against the overall floor and centre."""
 
     floor: np.ndarray   # (M,)
     centre: np.ndarray  # (M,)
     k: float
+    groups: Mapping[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
 
-    def __call__(self, q: np.ndarray) -> np.ndarray:  # (B, M) -> (B, M)
-        return self.floor[None, :] + self.k * (q - self.centre[None, :])
+    def __call__(self, q: np.ndarray, groups: Sequence[str | None] | None = None) -> np.ndarray:  # (B, M) -> (B, M)
+        floor, centre = self.levels(len(q), groups)
+        return floor + self.k * (q - centre)
+
+    def levels(self, num_states: int, groups: Sequence[str | None] | None) -> tuple[np.ndarray, np.ndarray]:
+        """The floor and centre of each of `num_states` states of `groups` (None: unknown), (B, M) or (1, M)."""
+        if not self.groups or groups is None:
+            return self.floor[None, :], self.centre[None, :]
+        if len(groups) != num_states:
+            raise ValueError(f"{len(groups)} groups for {num_states} states: give one group (or None) per state")
+        pairs = [self.groups.get(group or "", (self.floor, self.centre)) for group in groups]
+        return np.stack([floor for floor, _ in pairs]), np.stack([centre for _, centre in pairs])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,17 +100,26 @@ class Choice:
             raise ValueError(f"pessimism must be a finite number >= 0, got {self.pessimism!r}")
 
     def spec(self, names: Sequence[str]) -> dict:
-        """Its deploy.json fields, per-model values keyed by model name."""
+        """Its deploy.json fields, per-model values keyed by model name (`groups` only where there are groups)."""
         r = self.recentring
+
+        def levels(floor: np.ndarray, centre: np.ndarray) -> dict:
+            return {"floor": dict(zip(names, floor.tolist())), "centre": dict(zip(names, centre.tolist()))}
+
         return {"pessimism": self.pessimism, "commit": self.commit, "recentring": None if r is None else {
-            "k": r.k, "floor": dict(zip(names, r.floor.tolist())), "centre": dict(zip(names, r.centre.tolist()))}}
+            "k": r.k, **levels(r.floor, r.centre),
+            **({"groups": {g: levels(*pair) for g, pair in r.groups.items()}} if r.groups else {})}}
 
     @classmethod
     def from_spec(cls, spec: Mapping, names: Sequence[str]) -> "Choice":
-        """The inverse of `spec` (a deployment written before pessimism was recorded has none)."""
+        """The inverse of `spec` (a deployment written before pessimism or groups were recorded has none)."""
         r = spec.get("recentring")
-        recentring = None if r is None else Recentring(np.array([r["floor"][m] for m in names]),
-                                                       np.array([r["centre"][m] for m in names]), float(r["k"]))
+
+        def levels(part: Mapping) -> tuple[np.ndarray, np.ndarray]:
+            return np.array([part["floor"][m] for m in names]), np.array([part["centre"][m] for m in names])
+
+        recentring = None if r is None else Recentring(*levels(r), float(r["k"]),
+                                                       {g: levels(part) for g, part in r.get("groups", {}).items()})
         return cls(float(spec.get("pessimism", 0.0)), recentring, bool(spec.get("commit", False)))
 
 
@@ -289,13 +314,15 @@ class Router:
     def available_mask(self, available: Sequence[str] | None) -> np.ndarray:
         return availability_mask(self.pool, available)
 
-    def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None) -> np.ndarray:
-        """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask."""
+    def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None,
+                               groups: Sequence[str | None] | None = None) -> np.ndarray:
+        """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask.
+        `groups`: each state's task family (None: unknown), which a router recentred per group reads."""
         h = np.asarray(h, np.float32)
         q = np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards,
                                       self.pessimism))[:len(h)]
         if self.recentring is not None:
-            q = self.recentring(q.astype(np.float64))
+            q = self.recentring(q.astype(np.float64), groups)
         if available is not None:
             available = np.broadcast_to(available, q.shape)
             if not available.any(axis=1).all():
@@ -304,9 +331,11 @@ class Router:
         return q
 
     def scores(self, states: Sequence[tuple[str, Sequence[HistoryTurn]]],
-               available: Sequence[Iterable[str] | None] | None = None) -> np.ndarray:
+               available: Sequence[Iterable[str] | None] | None = None,
+               groups: Sequence[str | None] | None = None) -> np.ndarray:
         """Batched Q_route (B, M) for (task, history) pairs, with an optional availability list per state (one per
-        state: a list of names for every state would silently apply one state's availability to all)."""
+        state: a list of names for every state would silently apply one state's availability to all) and an
+        optional task family per state (`groups`, one per state; None: unknown)."""
         states = list(states)
         for i, (task, _) in enumerate(states):
             if not isinstance(task, str):  # str(None) or str(b"...") would route on the wrong text
@@ -319,7 +348,7 @@ class Router:
                                  f"availability (a list of names, or None) per state")
             mask = np.stack([self.available_mask(a) for a in available]) if states else None
         blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
-        q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask)
+        q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask, groups)
         if self.commit:
             q = keep_previous(q, np.array([self._previous_model(history) for _, history in states], int))
         return q
@@ -333,10 +362,11 @@ class Router:
         model = last.model if isinstance(last, Turn) else last.get("model") if isinstance(last, Mapping) else None
         return self.pool.index(model) if isinstance(model, str) and model in self.pool else -1
 
-    def route(self, task: str, history: Sequence[HistoryTurn] = (),
-              available: Iterable[str] | None = None) -> RouteDecision:
-        """The model to call next for `task` after `history`, among `available` (default: the whole pool)."""
-        q = self.scores([(task, history)], None if available is None else [available])[0]
+    def route(self, task: str, history: Sequence[HistoryTurn] = (), available: Iterable[str] | None = None,
+              family: str | None = None) -> RouteDecision:
+        """The model to call next for `task` (of `family`, where known) after `history`, among `available`
+        (default: the whole pool)."""
+        q = self.scores([(task, history)], None if available is None else [available], [family])[0]
         if np.isnan(q).any() or np.isposinf(q).any():  # an argmax over NaN would pick a model at random
             raise FloatingPointError(f"non-finite scores {dict(zip(self.pool.names, q.tolist()))} for this state")
         return RouteDecision(model=self.pool.names[int(np.argmax(q))],

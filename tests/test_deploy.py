@@ -47,6 +47,20 @@ def test_recentring_at_k_0_always_calls_the_best_floor_and_at_k_1_keeps_the_diff
     np.testing.assert_allclose(Recentring(floor, centre, 0.5)(q), [[4.2, 0.5, 0.1], [0.2, 0.75, 2.6]])
 
 
+def test_recentring_per_group_scores_each_state_against_its_groups_floor_and_centre():
+    floor, centre = np.array([0.2, 0.5, 0.1]), np.array([1.0, 3.0, -1.0])
+    math_floor, math_centre = np.array([0.6, 0.1, 0.3]), np.array([0.0, 1.0, 2.0])
+    q = np.array([[9.0, 3.0, -1.0], [9.0, 3.0, -1.0], [9.0, 3.0, -1.0]])
+    grouped = Recentring(floor, centre, 0.5, {"math": (math_floor, math_centre)})
+    # math: 0.6 + 0.5 * 9, 0.1 + 0.5 * 2, 0.3 + 0.5 * -3; a group it does not list and no group: the overall levels
+    np.testing.assert_allclose(grouped(q, ["math", "code", None]), [[5.1, 1.1, -1.2], [4.2, 0.5, 0.1], [4.2, 0.5, 0.1]])
+    np.testing.assert_allclose(grouped(q), Recentring(floor, centre, 0.5)(q))          # groups unknown: overall
+    route_by_group = Recentring(floor, centre, 0.0, {"math": (math_floor, math_centre)})
+    assert np.argmax(route_by_group(q, ["math", "code", "math"]), axis=1).tolist() == [0, 1, 0]   # its group's best
+    with pytest.raises(ValueError, match="2 groups for 3 states"):
+        grouped(q, ["math", None])
+
+
 def test_a_committed_router_keeps_the_previous_model_while_it_is_available():
     q = np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, -np.inf, 3.0]])
     kept = keep_previous(q, np.array([-1, 0, 1]))   # a first turn; previous ace; previous bee, now unavailable
@@ -122,6 +136,19 @@ def test_deploy_json_loads_the_recentred_committed_router_it_names(demo_router_d
     assert Router.from_checkpoint(workdir, stage="td").route(task, []).model == raw.route(task, []).model
     (workdir / "deploy.json").write_text("{not json")
     with pytest.raises(ValueError, match="deploy.json:1: field '<file>': not JSON"):
+        Router.from_checkpoint(workdir)
+    # recentred per task family: a task of a listed family against its family's floor and centre
+    family_floor, family_centre = np.linspace(0.6, 0.1, len(names)), np.zeros(len(names))
+    choice = Choice(recentring=Recentring(floor, centre, 0.0, {"math": (family_floor, family_centre)}))
+    grouped = deploy.Candidate("td k=0 by family", (".",), "td", 0.0).spec(choice, names)
+    (workdir / "deploy.json").write_text(json.dumps({"deploy": grouped}))
+    by_family = Router.from_checkpoint(workdir)
+    assert by_family.route(task, [], family="math").model == names[0]                # the family's best floor
+    assert by_family.route(task, [], family="code").model == by_family.route(task, []).model == names[-1]
+    del grouped["recentring"]["groups"]["math"]["centre"][names[1]]
+    (workdir / "deploy.json").write_text(json.dumps({"deploy": grouped}))
+    with pytest.raises(ValueError, match=f"field 'deploy.recentring.groups.math.centre': no value for the router's "
+                                         f"models \\['{names[1]}'\\]"):
         Router.from_checkpoint(workdir)
     del spec["recentring"]["floor"][names[0]]                     # a recentring that misses one of the pool's models
     (workdir / "deploy.json").write_text(json.dumps({"deploy": spec}))

@@ -33,6 +33,10 @@ def test_a_well_formed_deployment_reads_as_written_with_or_without_a_byte_order_
     write(tmp_path, with_field(runs=["candidates/a", "candidates/a/seeds/1042"], epoch=5, commit=True,
                                recentring=None))
     assert read_deployment_spec(tmp_path)["epoch"] == 5
+    grouped = {**GOOD["recentring"], "groups": {"math": {"floor": {"a": 0.3, "b": 0.1}, "centre": {"a": 0.0, "b": 0.0}},
+                                                "": {"floor": {"a": 0.0, "b": 0.1}, "centre": {"a": 0.2, "b": 0.0}}}}
+    write(tmp_path, with_field(recentring=grouped))
+    assert read_deployment_spec(tmp_path)["recentring"] == grouped
 
 
 @pytest.mark.parametrize("content, field, why", [
@@ -64,6 +68,14 @@ def test_a_well_formed_deployment_reads_as_written_with_or_without_a_byte_order_
     (with_field(recentring={**GOOD["recentring"], "centre": {"a": float("inf"), "b": 0.0}}),
      "deploy.recentring.centre", "finite number per model"),
     (with_field(recentring={**GOOD["recentring"], "floor": {}}), "deploy.recentring.floor", "an object"),
+    (with_field(recentring={**GOOD["recentring"], "groups": []}), "deploy.recentring.groups", "an object"),
+    (with_field(recentring={**GOOD["recentring"], "groups": {"math": None}}), "deploy.recentring.groups.math",
+     "floor and centre"),
+    (with_field(recentring={**GOOD["recentring"], "groups": {"math": {"floor": {"a": 0.1, "b": 0.2}}}}),
+     "deploy.recentring.groups.math.centre", "an object"),
+    (with_field(recentring={**GOOD["recentring"], "groups": {"math": {
+        "floor": {"a": 0.1, "b": "high"}, "centre": {"a": 0.0, "b": 0.0}}}}),
+     "deploy.recentring.groups.math.floor", "finite number per model"),
 ])
 def test_every_malformed_deployment_is_one_error_naming_the_file_and_field(tmp_path, content, field, why):
     write(tmp_path, content)
