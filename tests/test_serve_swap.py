@@ -109,3 +109,32 @@ def test_the_proxy_explores_with_exact_recorded_propensities_and_reports_the_cos
     assert report["kind"] == "softmax" and report["episodes"] == 40 and report["decisions"] == 40
     shortfall = sum(p * (max(scores.values()) - scores[m]) for m, p in expected.items())
     assert report["expected_shortfall_per_episode"] == pytest.approx(shortfall, abs=1e-5)
+
+
+def test_a_deployment_recentred_per_family_routes_each_episode_by_its_family(served):
+    url, proxy, workdir = served
+    proxy.budget = Budget(GREEDY, None)
+    names = proxy.served.current[0].pool.names
+    floor = {name: (1.0 if name == "apex-flash" else 0.0) for name in names}
+    zero = {name: 0.0 for name in names}
+    deploy.write_deployment(workdir, {"name": "k=0 by family", "runs": ["."], "stage": "td", "epoch": None,
+                                      "pessimism": 0.0, "commit": False, "recentring": {
+                                          "k": 0.0, "floor": floor, "centre": zero,
+                                          "groups": {"math": {"floor": {**zero, "quill-9b": 1.0}, "centre": zero}}}},
+                            {})
+    assert httpx.post(url + "/v1/admin/reload").json()["swapped"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    def turn(messages, session, family=None):
+        headers = {"x-rivet-session": session, **({"x-rivet-task-family": family} if family else {})}
+        return client.chat.completions.with_raw_response.create(model="rivet", messages=messages,
+                                                                extra_headers=headers)
+
+    messages = [{"role": "user", "content": "Add 2 and 3."}]
+    first = turn(messages, "m", "math")
+    assert first.headers["x-rivet-model"] == "quill-9b"                     # the math family's best floor
+    messages += [{"role": "assistant", "content": first.parse().choices[0].message.content},
+                 {"role": "user", "content": "Observation: 5"}]
+    assert turn(messages, "m").headers["x-rivet-model"] == "quill-9b"       # no header: the family it opened with
+    assert turn([{"role": "user", "content": "Write a poem."}], "p", "poetry").headers["x-rivet-model"] == "apex-flash"
+    assert turn([{"role": "user", "content": "Sort a list."}], "n").headers["x-rivet-model"] == "apex-flash"

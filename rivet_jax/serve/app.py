@@ -176,7 +176,9 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
     if not candidates:
         return error_response(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
                            f"{sorted(proxy.health.down())}", "service_unavailable")
-    scores, version = await proxy.scores(conversation, candidates)
+    if family is None and conversation.history:   # a later turn without the header: the family its episode opened with
+        family = proxy.recorder.family(session)
+    scores, version = await proxy.scores(conversation, candidates, family)
     choice = proxy.budget.choose(scores, proxy.rng)
     failed: list[str] = []
     for name in choice.order[:proxy.config.max_attempts]:

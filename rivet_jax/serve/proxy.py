@@ -113,24 +113,26 @@ class Proxy:
         self.sessions = Sessions()
         self.session_key = session_key(self.recorder.logdir)   # keyed default session ids (conversation.session_id)
         self.background: dict[str, dict] = {}   # the background tasks' failures (app.py `_forever`): /healthz
-        self._pending: list[tuple[Conversation, list[str], asyncio.Future]] = []
+        self._pending: list[tuple[Conversation, list[str], str | None, asyncio.Future]] = []
         self._draining = False
         # The hashing encoder holds the GIL for its ~1 ms, so a thread would add a handoff (~1 ms measured) and
         # overlap nothing; a neural encoder's tens of ms would stall every other request's I/O on the event loop.
         mode = self.config.get("scoring", "auto")
         self._in_thread = mode == "thread" or (mode == "auto" and self.router.encoder.name != "hashing")
 
-    async def scores(self, conversation: Conversation, candidates: list[str]) -> tuple[dict[str, float], str]:
-        """Q_route of each candidate at this conversation's state, and the version of the router that scored it.
+    async def scores(self, conversation: Conversation, candidates: list[str],
+                     family: str | None = None) -> tuple[dict[str, float], str]:
+        """Q_route of each candidate at this conversation's state (its task of `family`, where known: a router
+        recentred per family reads it), and the version of the router that scored it.
 
         On the event loop (`config.scoring`), at once: nothing else runs meanwhile. In a thread, one scoring at a
         time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
         the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
         and one network call."""
         if not self._in_thread and _size(conversation) <= INLINE_CHARS:
-            return self._score_batch([(conversation, candidates, None)], self.served.current)[0]
+            return self._score_batch([(conversation, candidates, family, None)], self.served.current)[0]
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((conversation, candidates, future))
+        self._pending.append((conversation, candidates, family, future))
         if not self._draining:
             self._draining = True
             asyncio.ensure_future(self._drain())
@@ -145,7 +147,7 @@ class Proxy:
                     rows = await asyncio.to_thread(self._score_batch, batch, current)
                 except Exception:  # noqa: BLE001 - one bad state must not fail the others: each alone
                     rows = [await asyncio.to_thread(self._score_one, item, current) for item in batch]
-                for (_, _, future), row in zip(batch, rows):
+                for (*_, future), row in zip(batch, rows):
                     if isinstance(row, BaseException):
                         future.set_exception(row)
                     else:
@@ -155,9 +157,10 @@ class Proxy:
 
     def _score_batch(self, batch, current: tuple[Router, str]) -> list[tuple[dict[str, float], str]]:
         router, version = current
-        q = router.scores([(c.task, c.history) for c, _, _ in batch], [candidates for _, candidates, _ in batch])
+        q = router.scores([(c.task, c.history) for c, *_ in batch], [candidates for _, candidates, *_ in batch],
+                          [family for _, _, family, _ in batch])
         return [({name: float(row[router.pool.index(name)]) for name in candidates}, version)
-                for row, (_, candidates, _) in zip(q, batch)]
+                for row, (_, candidates, *_) in zip(q, batch)]
 
     def _score_one(self, item, current) -> tuple[dict[str, float], str] | BaseException:
         try:

@@ -134,6 +134,12 @@ class Recorder:
                 episode.turns[-1] = dataclasses.replace(episode.turns[-1], feedback=feedback)
             episode.updated = self.clock()
 
+    def family(self, session: str) -> str | None:
+        """The task family the session's open episode was opened with (None: no open episode, or none given)."""
+        with self._lock:
+            episode = self.open.get(session)
+            return None if episode is None else episode.task.family
+
     def resolve(self, session: str, task: str, history: list[dict[str, str]]) -> str:
         """The session key of a conversation the client gave no session id (`session`: the task's hash): the open
         episode this history continues, else a key no open episode holds (`session`, `session~2`, ...), so that
