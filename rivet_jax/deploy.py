@@ -14,6 +14,10 @@ training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every ca
                                    differences between states still carry the routing; with few training tasks
                                    those differences are noisier than the models' margins, and shrinking them helps.
   the best fixed model             k = 0: floor(m) alone, always the best fixed model of the training tasks
+  per task family                  where the training tasks have families with floors of their own
+                                   (`config.deploy.by_family`, `family_floors`): the best fixed model per family
+                                   (k = 0) and every recentred candidate again on the floor and centre of the
+                                   task's family: "route by family", and the router's differences around it
 
 and deploys the best one whose validation return J beats the best fixed model's with a paired 95% interval above 0
 (`config.deploy.require_gain`); none does: the best fixed model. The choice is then never worse than the best fixed
@@ -35,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rivet_jax import ope
-from rivet_jax.baselines.best_fixed import BEST_FIXED, BestFixedRouter
+from rivet_jax.baselines.best_fixed import BEST_FIXED, BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile
 from rivet_jax.data.replay import Reward
@@ -54,13 +58,15 @@ RANDOM = "random"
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     """One deployable router: runs (directories relative to the workdir; several: an ensemble) at a stage, its
-    Q_route as trained (k None) or recentred with shrinkage k (k = 0: the best fixed model)."""
+    Q_route as trained (k None) or recentred with shrinkage k (k = 0: the best fixed model), on the overall floor or
+    (`by_family`) on the floor of the task's family (k = 0: the best fixed model per family)."""
 
     name: str
     runs: tuple[str, ...]
     stage: str
     k: float | None = None
     epoch: int | None = None  # a kept earlier checkpoint of the stage (None: its last)
+    by_family: bool = False
 
     def spec(self, choice: Choice, names: Sequence[str]) -> dict:
         """What deploy.json records for `Router.deployed`: the runs' checkpoint and how it chooses."""
@@ -69,13 +75,17 @@ class Candidate:
 
 
 def candidates(runs: Mapping[str, Sequence[str]], stages: Sequence[str], shrinkage: Sequence[float],
-               earlier: Mapping[str, Sequence[int]] = {}) -> list[Candidate]:
+               earlier: Mapping[str, Sequence[int]] = {}, by_family: bool = False) -> list[Candidate]:
     """Every candidate of the runs {setting name: its directories (one per seed)} at their trained `stages` (and
     the `earlier` kept epochs of a stage, {stage: epochs}): the best fixed model first (ties go to it), then per
     checkpoint each setting (its seeds averaged) and (several settings) the ensemble of every run, as trained and
-    recentred at every k > 0 of `shrinkage`."""
+    recentred at every k > 0 of `shrinkage`; `by_family` (the training tasks' families have floors of their own):
+    the best fixed model per family second, and every recentred candidate on the family floors too."""
     first = next(iter(runs.values()))[0]
     out = [Candidate(BEST_FIXED, (first,), stages[-1], 0.0)]
+    if by_family:
+        out.append(Candidate(BEST_PER_FAMILY, (first,), stages[-1], 0.0, by_family=True))
+    grounds = [(False, ""), (True, " by family")] if by_family else [(False, "")]
     for stage in stages:
         for epoch in [*earlier.get(stage, ()), None]:
             at = stage if epoch is None else f"{stage}@{epoch}"
@@ -84,7 +94,8 @@ def candidates(runs: Mapping[str, Sequence[str]], stages: Sequence[str], shrinka
                 groups.append((f"ensemble {at}", tuple(d for directories in runs.values() for d in directories)))
             for name, dirs in groups:
                 out.append(Candidate(name, dirs, stage, epoch=epoch))
-                out += [Candidate(f"{name} k={k:g}", dirs, stage, float(k), epoch) for k in shrinkage if k > 0]
+                out += [Candidate(f"{name} k={k:g}{suffix}", dirs, stage, float(k), epoch, grouped)
+                        for grouped, suffix in grounds for k in shrinkage if k > 0]
     return out
 
 
@@ -143,15 +154,23 @@ def within_budget(rows: Sequence[Mapping], budget: float) -> tuple[int, bool]:
 
 @dataclasses.dataclass
 class Scorer:
-    """What every candidate needs: the trained routers, the per-model floor and each run's centre."""
+    """What every candidate needs: the trained routers, the per-model floors (overall and per family) and each
+    run's centres."""
 
     workdir: Path
     pool: ModelPool
     floor: np.ndarray                       # (M,) mean logged return of each model as a fixed model (train)
     train_h: np.ndarray                     # (S, D) the training states the centres are means over
     commit: bool
+    family_floors: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)   # family -> (M,)
+    train_families: Sequence[str] = ()      # (S,) the family of each training state ("" for none)
     _routers: dict = dataclasses.field(default_factory=dict)
     _centres: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def by_family(self) -> bool:
+        """Whether candidates on the family floors are built (the training tasks' families have floors)."""
+        return bool(self.family_floors)
 
     def router(self, candidate: Candidate) -> Router:
         key = (candidate.runs, candidate.stage, candidate.epoch)
@@ -164,8 +183,13 @@ class Scorer:
             return None
         key = (candidate.runs, candidate.stage, candidate.epoch)  # one centre per checkpoint, whatever k
         if key not in self._centres:
-            self._centres[key] = self.router(candidate).scores_from_embeddings(self.train_h).mean(axis=0)  # (M,)
-        return Recentring(self.floor, self._centres[key].astype(np.float64), candidate.k)
+            q = self.router(candidate).scores_from_embeddings(self.train_h).astype(np.float64)     # (S, M)
+            families = np.asarray(self.train_families, dtype=object)
+            self._centres[key] = (q.mean(axis=0), {f: q[families == f].mean(axis=0) for f in self.family_floors
+                                                   if (families == f).any()})
+        centre, family_centres = self._centres[key]
+        groups = {f: (floor, family_centres.get(f, centre)) for f, floor in self.family_floors.items()}
+        return Recentring(self.floor, centre, candidate.k, groups if candidate.by_family else {})
 
     def choice(self, candidate: Candidate) -> Choice:
         """How the candidate chooses: recentred with its k (or as trained), committed on A/B logs."""
@@ -175,10 +199,34 @@ class Scorer:
         """The candidate as `Router.deployed` loads it."""
         return self.router(candidate).with_choice(self.choice(candidate))
 
-    def scores(self, candidate: Candidate, h: np.ndarray) -> np.ndarray:  # (N, M) at states h (N, D)
+    def scores(self, candidate: Candidate, h: np.ndarray, families: Sequence[str | None] | None = None) -> np.ndarray:
+        """(N, M) at states h (N, D) of tasks of `families` (one per state; None: unknown)."""
         q = self.router(candidate).scores_from_embeddings(h).astype(np.float64)
         recentring = self.recentring(candidate)
-        return q if recentring is None else recentring(q)
+        return q if recentring is None else recentring(q, families)
+
+
+def family_floors(per_family: BestPerFamilyRouter | None, pool: ModelPool) -> dict[str, np.ndarray]:
+    """{family: (M,) each model's mean return as a fixed model on the family's training tasks}; a model never logged
+    alone in the family sits below every model that was, in the overall order, so that k = 0 is exactly
+    `BestPerFamilyRouter` (the best available model of the family first, then the overall ranking). None: {}."""
+    if per_family is None:
+        return {}
+    overall = per_family.overall.returns
+    out = {}
+    for family, router in per_family.families.items():
+        lowest = min(router.returns.values())
+        unlogged = [m for m in pool.names if m not in router.returns]
+        # the overall ranking of the unlogged models, shifted to start just below the family's lowest floor
+        top = max((overall.get(m, -np.inf) for m in unlogged), default=0.0)
+        shift = (top if np.isfinite(top) else 0.0) - lowest + FAMILY_GAP
+        below = min(overall.values()) - shift - FAMILY_GAP            # never logged alone anywhere: below them all
+        out[family] = np.array([router.returns[m] if m in router.returns else
+                                overall[m] - shift if m in overall else below for m in pool.names])
+    return out
+
+
+FAMILY_GAP = 1e-6   # how far below a family's lowest logged floor its unlogged models start
 
 
 def fixed_floor(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> np.ndarray:
@@ -246,7 +294,8 @@ def candidate_rows(estimates: Estimates, floor_name: str = BEST_FIXED) -> list[d
 
 def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: HeldOut) -> dict[str, np.ndarray]:
     """{candidate name: (N, M) its deterministic choice at every held-out logged state}."""
-    return {c.name: one_hot(choices(scorer.scores(c, held.h), held, scorer.commit), len(scorer.pool))
+    return {c.name: one_hot(choices(scorer.scores(c, held.h, held.families), held, scorer.commit),
+                           len(scorer.pool))
             for c in chosen_candidates}
 
 

@@ -47,6 +47,10 @@ class HeldOut:
     def features(self) -> np.ndarray:  # (N, D + 1) FQE's features
         return np.concatenate([np.asarray(self.h, np.float64), np.ones((len(self.h), 1))], axis=1)
 
+    @property
+    def families(self) -> list[str | None]:  # (N,) the task family of each logged state (None: none logged)
+        return [e.task.family for e in self.logs.episodes for _ in e.turns]
+
 
 def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, max_tokens: int,
              reward: Reward) -> HeldOut:
@@ -56,7 +60,6 @@ def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore
     previous = np.array([pool.index(e.turns[t - 1].model) if t else -1
                          for e in logs.episodes for t in range(len(e.turns))])
     return HeldOut(logs, np.asarray(store.embed(texts), np.float32), previous)
-
 
 
 # ------------------------------------------------------------------------------------------------ estimates

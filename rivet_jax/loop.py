@@ -156,7 +156,7 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         raise ValueError(f"none of the {recorded_total} recorded episodes is on a held-out task: record more traffic "
                          f"or raise config.loop.holdout")
     scorer = dataclasses.replace(pipeline.scorer_of(round_config, round_dir, trained, None), commit=False)
-    candidates = pipeline.candidates_of(round_config, round_dir, trained.runs)
+    candidates = pipeline.candidates_of(round_config, round_dir, trained.runs, scorer.by_family)
     reward = Reward.of(round_config, trained.prepared.c_ref)
     store = embedding_store(round_config, trained.prepared.encoder, round_dir)
     held = heldout.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
@@ -164,7 +164,7 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     as_served = served.with_choice(dataclasses.replace(served.choice, commit=False))
 
     def targets(at: heldout.HeldOut) -> dict[str, np.ndarray]:
-        chosen = deploy.choices(as_served.scores_from_embeddings(at.h), at, False)
+        chosen = deploy.choices(as_served.scores_from_embeddings(at.h, None, at.families), at, False)
         return {SERVED: deploy.one_hot(chosen, len(pool)), **deploy.targets_of(scorer, candidates, at)}
 
     log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "

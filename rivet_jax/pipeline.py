@@ -26,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import checkpointing, deploy, heldout, train
+from rivet_jax.baselines.best_fixed import family_of
 from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
@@ -174,13 +175,24 @@ def scorer_of(config, workdir: Path, trained: Trained, env: Env | None) -> deplo
     replay = prepared.replay
     first = np.concatenate([[True], replay.episode[1:] != replay.episode[:-1]])
     rows = replay.state[first] if commit else replay.state                                          # (S,)
-    return deploy.Scorer(workdir, prepared.pool, floor, np.asarray(prepared.data.embeddings)[rows], commit)
+    families = {}
+    if config.deploy.by_family:   # floors per task family where the training tasks have two with fixed-model returns
+        families = deploy.family_floors(per_family_of(train_episodes, prepared.pool, reward), prepared.pool)
+    state_families = ()   # (S,) the family of each of those states, for the centres per family
+    if families:
+        by_id = {e.episode_id: family_of(e.task) for e in train_episodes}
+        of_episode = np.array([by_id.get(i, "") for i in replay.episode_ids], dtype=object)
+        state_families = of_episode[replay.episode[first] if commit else replay.episode].tolist()
+    return deploy.Scorer(workdir, prepared.pool, floor, np.asarray(prepared.data.embeddings)[rows], commit,
+                         families, state_families)
 
 
-def candidates_of(config, workdir: Path, runs: dict[str, tuple[str, ...]]) -> list[deploy.Candidate]:
-    """Every candidate of the trained runs (`deploy.candidates`: stages, kept TD epochs, ensembles, shrinkage)."""
+def candidates_of(config, workdir: Path, runs: dict[str, tuple[str, ...]],
+                  by_family: bool = False) -> list[deploy.Candidate]:
+    """Every candidate of the trained runs (`deploy.candidates`: stages, kept TD epochs, ensembles, shrinkage, on
+    the overall floor and, `by_family` (`Scorer.by_family`), on the family floors)."""
     return deploy.candidates(runs, train.stages_of(config), config.deploy.shrinkage,
-                             {"td": earlier_td_epochs(config, workdir)})
+                             {"td": earlier_td_epochs(config, workdir)}, by_family)
 
 
 def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, log: Callable[[str], None]) -> dict:
@@ -190,7 +202,7 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
     lam, gamma, c_ref = reward
     scorer = scorer_of(config, workdir, trained, env)
     commit, floor = scorer.commit, scorer.floor
-    candidates = candidates_of(config, workdir, runs)
+    candidates = candidates_of(config, workdir, runs, scorer.by_family)
     log(f"choosing among {len(candidates)} candidates on the validation tasks"
         f"{' (committed routing: A/B logs)' if commit else ''}")
     tasks = len({e.task.id for e in splits["validation"]}) if env is None else None
@@ -239,7 +251,7 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
                                    floor, dc.rollouts, dc.seed + 1, reward, dc.resamples, per_family=per_family)
     elif splits["test"]:
         held = heldout.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
-        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h), held, pool, floor, scorer.commit,
+        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h, held.families), held, pool, floor, scorer.commit,
                                dc.resamples, dc.seed + 1, reward, per_family=per_family)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")

@@ -230,6 +230,9 @@ SETTINGS: dict[str, Setting] = {
                                 "always one)", lambda v: isinstance(v, (tuple, list))
                                 and all(within(0.0, 1.0)(x) for x in v), "a list of numbers in [0, 1]",
                                 default=(1.0, 0.5, 0.25)),
+    "deploy.by_family": Setting("candidates recentred on the floors of each task family too (the best fixed model per "
+                                "family, k = 0, among them), where the training tasks have two families with "
+                                "fixed-model returns", one_of(True, False), "True or False", default=True),
     "deploy.keep_td_every": Setting("TD checkpoints at multiples of this many epochs are kept as candidates (0: the "
                                     "last only)", *_INT0, default=5),
     "deploy.require_gain": Setting("deploy a router only if it beats the best fixed model with a paired 95% "

@@ -81,3 +81,45 @@ def test_a_router_below_the_per_family_rule_is_warned_even_when_it_beats_the_bes
     spread = Routing({"ace": 0.5, "bee": 0.5, "cat": 0.0}, {"ace": 0.5, "bee": 0.5, "cat": 0.0}, 0.1, 100)
     (warning,) = warnings_of(estimates, "router", spread, None)
     assert warning.startswith("not better than the best fixed model per family: J difference -0.0500")
+
+
+def test_recentred_on_the_family_floors_at_k_0_the_router_is_exactly_the_best_fixed_model_per_family():
+    """deploy.family_floors + Recentring(k = 0): the same choice as BestPerFamilyRouter on every family (an unknown
+    one included) and every subset of available models, whatever Q_route says; a model the family never logged alone
+    ranks after those it did, in the overall order."""
+    from itertools import combinations
+
+    from rivet_jax.router import Recentring
+
+    # "poetry" logged ace alone only: bee and cat rank after it, in the overall order (ace, cat, bee)
+    train = TRAIN + [ab_episode("p0", "ace", 0, turns=1, family="poetry")]
+    per_family = BestPerFamilyRouter.fit(train, POOL, REWARD)
+    floors = deploy.family_floors(per_family, POOL)
+    assert sorted(floors) == ["code", "math", "poetry"]
+    np.testing.assert_allclose(floors["math"][POOL.index("bee")], 0.0)    # bee solves every math task: J 1 - 1
+    overall = deploy.floor_of(per_family.overall, POOL)
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, len(POOL)))                                      # k = 0: Q_route does not matter
+    centre = rng.normal(size=len(POOL))
+    recentring = Recentring(overall, centre, 0.0, {f: (floor, centre) for f, floor in floors.items()})
+    for family in ("code", "math", "poetry", "haiku", None):
+        task = ab_episode("x", "ace", 1, family=family).task
+        for size in (1, 2, 3):
+            for available in combinations(POOL.names, size):
+                scores = np.where([m in available for m in POOL.names], recentring(q, [family])[0], -np.inf)
+                assert POOL.names[int(np.argmax(scores))] == per_family.act(task, (), list(available), rng)[0]
+    assert deploy.family_floors(None, POOL) == {}
+
+
+def test_the_candidates_add_the_family_floors_only_where_asked():
+    runs = {"a": ("r/a",), "b": ("r/b",)}
+    plain = deploy.candidates(runs, ["mc", "td"], [1.0, 0.5])
+    grouped = deploy.candidates(runs, ["mc", "td"], [1.0, 0.5], by_family=True)
+    assert not any(c.by_family for c in plain)
+    assert grouped[1].name == BEST_PER_FAMILY and grouped[1].k == 0.0 and grouped[1].by_family
+    extra = [c for c in grouped if c.by_family][1:]
+    # every recentred candidate (k > 0) once more on the family floors: 2 stages x 3 groups x 2 k
+    assert len(extra) == 12 and {c.name.rsplit(" k=", 1)[0] for c in extra} == {
+        c.name.rsplit(" k=", 1)[0] for c in plain if c.k}
+    assert all(c.name.endswith(" by family") and c.k in (1.0, 0.5) for c in extra)
+    assert len(grouped) == len(plain) + 13

@@ -12,6 +12,7 @@ import rivet_jax
 
 from configs import default
 from rivet_jax import deploy, heldout, ope
+from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY
 from rivet_jax.data.model_pool import write_model_cards
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes
@@ -204,19 +205,24 @@ def test_routing_shares_and_the_switch_rate():
 # ------------------------------------------------------------------------------------------ end to end (fit)
 
 
+def ab_config(tmp_path, episodes):
+    """The tiny config on `episodes` (written under tmp_path with POOL's cards), a quarter of the tasks held out
+    for validation and a quarter for the test."""
+    write_episodes(tmp_path / "episodes.jsonl", episodes)
+    write_model_cards(tmp_path / "cards.json", POOL)
+    return with_overrides(default.get_config("tiny"), {
+        "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json"),
+        "data.holdout.validation": 0.25, "data.holdout.test": 0.25, "deploy.resamples": 50})
+
+
 @pytest.mark.slow
 def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(tmp_path, capfd):
     """A/B logs in which ace solves every task and the others none: no router can beat always-ace, so the choice
     is the best fixed model (no candidate beats it with an interval above 0), deploy.json says so, the router loaded
     by default calls ace and keeps it, and the verdict names it identical to ace."""
     episodes = [ab_episode(f"t{i:02d}", m, int(m == "ace"), family=f"f{i % 2}") for i in range(40) for m in NAMES]
-    write_episodes(tmp_path / "episodes.jsonl", episodes)
-    write_model_cards(tmp_path / "cards.json", POOL)
-    config = with_overrides(default.get_config("tiny"), {
-        "data.episodes": str(tmp_path / "episodes.jsonl"), "data.cards": str(tmp_path / "cards.json"),
-        "data.holdout.validation": 0.25, "data.holdout.test": 0.25, "deploy.resamples": 50})
     workdir = tmp_path / "W"
-    result = rivet_jax.fit(config, workdir)  # the package's own surface: fit, then Router
+    result = rivet_jax.fit(ab_config(tmp_path, episodes), workdir)  # the package's own surface: fit, then Router
     assert rivet_jax.fit is fit and rivet_jax.Router is Router
     document = json.loads((workdir / "deploy.json").read_text())
     assert document["deploy"]["name"] == deploy.BEST_FIXED and document["best_fixed_model"] == "ace"
@@ -232,6 +238,28 @@ def test_where_routing_cannot_help_the_deployed_choice_is_the_best_fixed_model(t
     assert json.loads((workdir / "verdict.json").read_text())["deployed"] == deploy.BEST_FIXED
     # an explicit stage still loads the trained checkpoint as it is
     assert Router.from_checkpoint(workdir, stage="td").recentring is None
+
+
+@pytest.mark.slow
+def test_where_each_family_has_its_own_best_model_the_best_fixed_model_per_family_is_deployed(tmp_path):
+    """A/B logs of two families: ace solves every code task, bee every math task, cat none. Always-ace solves half;
+    route-by-family solves all, a gain no interval can miss: the choice is the best fixed model per family, the
+    router loaded from the workdir routes each task by its family, and the verdict compares it with both floors."""
+    episodes = [ab_episode(f"{f}{i:02d}", m, int((f, m) in (("c", "ace"), ("m", "bee"))),
+                           family={"c": "code", "m": "math"}[f]) for f in "cm" for i in range(20) for m in NAMES]
+    workdir = tmp_path / "W"
+    result = fit(ab_config(tmp_path, episodes), workdir)
+    document = json.loads((workdir / "deploy.json").read_text())
+    assert document["deploy"]["name"] == BEST_PER_FAMILY and document["estimator"] == "committed"
+    assert set(document["deploy"]["recentring"]["groups"]) == {"code", "math"}
+    names = {row["policy"] for row in document["candidates"]}
+    assert deploy.BEST_FIXED in names and any(name.endswith("k=0.5 by family") for name in names)
+    router = Router.from_checkpoint(workdir)
+    assert router.route("Task m03: add the numbers of line m03.", family="math").model == "bee"
+    assert router.route("Task c03: add the numbers of line c03.", family="code").model == "ace"
+    rows = result["verdict"]["rows"]
+    assert rows[BEST_PER_FAMILY]["success"] == 1.0 and result["verdict"]["deployed"] == BEST_PER_FAMILY
+    assert rows[deploy.BEST_FIXED]["success"] == pytest.approx(0.5, abs=0.2)
 
 
 def test_candidates_average_a_settings_seeds_and_the_ensemble_takes_every_run():

@@ -84,12 +84,13 @@ class RouterPolicy:
         self.name = name
 
     def act(self, task, history, available, rng):
-        return self.router.route(task.prompt, history, available=list(available)).model, 1.0
+        return self.router.route(task.prompt, history, available=list(available), family=task.family).model, 1.0
 
     def act_batch(self, requests: Sequence[Request]) -> list[tuple[str, float]]:
         """Every pending decision scored in one encoder pass and one network call."""
         q = self.router.scores([(task.prompt, history) for task, history, _, _ in requests],
-                               [list(available) for _, _, available, _ in requests])     # (B, M)
+                               [list(available) for _, _, available, _ in requests],
+                               [task.family for task, _, _, _ in requests])               # (B, M)
         return [(self.router.pool.names[int(np.argmax(row))], 1.0) for row in q]
 
 

@@ -73,7 +73,8 @@ class ServedPolicy:
 
     def act_batch(self, requests: Sequence[Decision]) -> list[tuple[str, float]]:
         q = self.router.scores([served_state(task.prompt, history) for task, history, _, _ in requests],
-                               [list(available) for _, _, available, _ in requests])                  # (B, M)
+                               [list(available) for _, _, available, _ in requests],
+                               [task.family for task, _, _, _ in requests])   # the driver's family header  (B, M)
         out = []
         for row, (_, history, available, _) in zip(q, requests):
             choice = self.budget.choose({name: float(row[self.router.pool.index(name)]) for name in available},
