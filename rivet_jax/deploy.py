@@ -20,8 +20,12 @@ training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every ca
                                    task's family: "route by family", and the router's differences around it
 
 and deploys the best one whose validation return J beats the best fixed model's with a paired 95% interval above 0
-(`config.deploy.require_gain`); none does: the best fixed model. The choice is then never worse than the best fixed
-model on validation, and is the best fixed model itself unless validation shows a gain.
+(`config.deploy.require_gain`), or, pre-registered, a bound that holds for all candidates at once
+(`config.deploy.simultaneous`, `simultaneous_gain_bounds`: chosen among a hundred, the best estimate is the one
+noise flattered most), and among those the simplest within one paired standard error of the best
+(`config.deploy.one_se`); none: the best fixed model.
+The choice is then never worse than the best fixed model on validation, and is the best fixed model itself unless
+validation shows a gain.
 
 The estimates: `rivet_jax.heldout` (rollouts, doubly robust, committed or fitted-Q, as the data allow).
 
@@ -132,13 +136,48 @@ def best(values: Sequence[float], tolerance: float = 0.0) -> int:
     return int(np.flatnonzero(values >= values.max() - tolerance)[0])
 
 
-def choose(estimates: Estimates, require_gain: bool) -> int:
-    """The deployed-choice rule: the candidate with the best J among those that beat the best fixed model
-    (`require_gain`: with a paired interval above 0; else by the point estimate); none: the best fixed model."""
+def choose(estimates: Estimates, require_gain: bool, simultaneous: bool = False, one_se: bool = False) -> int:
+    """The deployed-choice rule: among the candidates that beat the best fixed model (`require_gain`: with the lower
+    end of a 95% bound on the paired gain above 0; else by the point estimate; none: the best fixed model), the one
+    with the best J, or (`one_se`) the earliest listed (the simplest) whose J is within one standard error of the
+    best's (of their paired difference). `simultaneous`: the bounds hold for every candidate at once (`simultaneous_gain_bounds`), so the bar
+    rises with the number of candidates compared; else each candidate's own paired interval."""
     floor = estimates.index(BEST_FIXED)
-    better = [p for p in range(len(estimates.names))
-              if p != floor and estimates.difference(p, floor)[1 if require_gain else 0] > 0]
-    return better[best(estimates.point[better, J])] if better else floor
+    if not require_gain:
+        low = estimates.point[:, J] - estimates.point[floor, J]
+    elif simultaneous:
+        low = simultaneous_gain_bounds(estimates, floor)
+    else:
+        low = np.array([estimates.difference(p, floor)[1] for p in range(len(estimates.names))])
+    better = [p for p in range(len(estimates.names)) if p != floor and low[p] > 0]
+    if not better:
+        return floor
+    top = better[best(estimates.point[better, J])]
+    if not one_se:
+        return top
+    # the paired standard error: the tasks' difficulty, shared by both, is no difference between them
+    return next(p for p in better if estimates.point[top, J] - estimates.point[p, J]
+                <= np.std(estimates.draws[:, top, J] - estimates.draws[:, p, J]))
+
+
+def simultaneous_gain_bounds(estimates: Estimates, floor: int, level: float = 0.975) -> np.ndarray:
+    """(P,) lower bounds on every candidate's J gain over `floor` that hold for all of them at once with
+    probability `level` (one-sided; 0.975 is the lower end of a two-sided 95% interval): the studentized
+    max-statistic bootstrap (Romano & Wolf 2005). Each draw's largest studentized overestimate over the candidates,
+    max_p (g*_p - g_p) / se_p, gives the quantile c every candidate's bound g_p - c se_p uses: with many candidates
+    the largest of their noises is larger, and so is c. A candidate that was not resampled: -inf (never chosen); one
+    whose draws do not vary (it chooses as the floor does): its point gain."""
+    gains = estimates.draws[:, :, J] - estimates.draws[:, [floor], J]                               # (B, P)
+    point = estimates.point[:, J] - estimates.point[floor, J]                                       # (P,)
+    resampled = ~np.isnan(gains).any(axis=0)
+    se = np.zeros(len(point))
+    se[resampled] = gains[:, resampled].std(axis=0)
+    varies = resampled & (se > 0)
+    bounds = np.where(resampled, point, -np.inf)
+    if varies.any():
+        overestimate = np.max((gains[:, varies] - point[varies]) / se[varies], axis=1)              # (B,)
+        bounds[varies] = point[varies] - np.quantile(overestimate, level) * se[varies]
+    return bounds
 
 
 def within_budget(rows: Sequence[Mapping], budget: float) -> tuple[int, bool]:
@@ -272,23 +311,28 @@ def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading
     lines = [f"# {heading}", "",
              f"Validation estimates ({estimates.estimator}: {estimates.note}). J is Eq. 2's discounted return per "
              f"episode; intervals are 95% over tasks; 'vs best fixed' is the paired difference in J (nan: not "
-             f"resampled, its J is not above the best fixed model's).", "",
-             "| candidate | J | 95% | success | cost/episode ($) | vs best fixed | 95% | |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"resampled, its J is not above the best fixed model's); 'bound, all' the lower end of its 95% bound "
+             f"that holds for all {len(rows)} candidates at once (config.deploy.simultaneous: the bar to clear).", "",
+             "| candidate | J | 95% | success | cost/episode ($) | vs best fixed | 95% | bound, all | |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['policy']} | {r['return']:.4f} | [{r['return_lo']:.4f}, {r['return_hi']:.4f}] | "
                      f"{r['success']:.3f} | {r['cost']:.5f} | {r['gain']:+.4f} | [{r['gain_lo']:+.4f}, "
-                     f"{r['gain_hi']:+.4f}] | {'**deployed**' if r['policy'] == chosen else ''} |")
+                     f"{r['gain_hi']:+.4f}] | {r['gain_bound']:+.4f} | "
+                     f"{'**deployed**' if r['policy'] == chosen else ''} |")
     return "\n".join(lines) + "\n"
 
 
 def candidate_rows(estimates: Estimates, floor_name: str = BEST_FIXED) -> list[dict]:
-    """Every candidate's estimates and its paired gain over `floor_name` (the best fixed model)."""
+    """Every candidate's estimates and its paired gain over `floor_name` (the best fixed model), with its 95%
+    interval and the lower end of the bound that holds for all candidates at once (`gain_bound`)."""
     floor = estimates.index(floor_name)
+    bounds = simultaneous_gain_bounds(estimates, floor)
     rows = []
     for p in range(len(estimates.names)):
         gain, low, high = estimates.difference(p, floor)
-        rows.append({**estimates.row(p), "gain": gain, "gain_lo": low, "gain_hi": high})
+        rows.append({**estimates.row(p), "gain": gain, "gain_lo": low, "gain_hi": high,
+                     "gain_bound": float(bounds[p])})
     return rows
 
 

@@ -223,14 +223,15 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
         estimates = heldout.log_estimates(held, deploy.targets_of(scorer, candidates, held), commit, dc.resamples,
                                          dc.seed, screen_against=deploy.BEST_FIXED, fit=fit,
                                          max_weight=float(dc.max_weight))
-    chosen = candidates[deploy.choose(estimates, dc.require_gain)]
+    chosen = candidates[deploy.choose(estimates, dc.require_gain, dc.simultaneous, dc.one_se)]
     table = deploy.candidate_rows(estimates)
     spec = chosen.spec(scorer.choice(chosen), pool.names)
     fixed_model = pool.names[int(np.argmax(floor))]
     deploy.write_deployment(workdir, spec, {
         "estimator": estimates.estimator, "note": estimates.note, "tasks": estimates.tasks, "candidates": table,
         "lambda": lam, "gamma": gamma, "c_ref": c_ref, "best_fixed_model": fixed_model,
-        "require_gain": bool(dc.require_gain), "runs": runs})
+        "require_gain": bool(dc.require_gain), "simultaneous": bool(dc.simultaneous), "one_se": bool(dc.one_se),
+        "runs": runs})
     atomic_write_text(workdir / deploy.SELECTION_FILE, deploy.selection_table(
         table, estimates, chosen.name, f"What {workdir} deploys: {chosen.name}"))
     log(f"deployed: {chosen.name} (validation J {estimates.point[estimates.index(chosen.name), 0]:.4f}; best fixed "

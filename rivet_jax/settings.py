@@ -237,6 +237,12 @@ SETTINGS: dict[str, Setting] = {
                                     "last only)", *_INT0, default=5),
     "deploy.require_gain": Setting("deploy a router only if it beats the best fixed model with a paired 95% "
                                    "interval above 0", one_of(True, False), "True or False", default=True),
+    "deploy.simultaneous": Setting("the gain bar holds for every candidate at once (the studentized max-statistic "
+                                   "bootstrap): the more candidates compared, the higher it is", one_of(True, False),
+                                   "True or False", default=False),
+    "deploy.one_se": Setting("deploy the earliest listed (simplest) candidate whose validation J is within one "
+                             "standard error of the best's (paired), among those that clear the gain bar",
+                             one_of(True, False), "True or False", default=False),
     "deploy.resamples": Setting("bootstrap resamples of every interval", *_INT1, default=200),
     "deploy.rollouts": Setting("with an environment: rollouts per validation and test task", *_INT1, default=8),
     "deploy.seed": Setting("the bootstrap's and the rollouts' draws", default=0),

@@ -169,6 +169,51 @@ def estimates_of(per_task: dict[str, list[float]], tasks: int | None = None) -> 
                             tasks or values.shape[1])
 
 
+def gains_of(point: dict[str, float], noise: dict[str, np.ndarray]) -> heldout.Estimates:
+    """Estimates of J whose floor (the best fixed model, J 0, listed first) does not vary: each candidate's draws
+    are its point J plus its `noise` (B,), so its paired gain's draws are exactly those."""
+    names = [deploy.BEST_FIXED, *point]
+    draws = np.zeros((len(next(iter(noise.values()))), len(names), 3))
+    for p, name in enumerate(names[1:], start=1):
+        draws[:, p, 0] = point[name] + noise[name]
+    return heldout.Estimates(names, np.array([[0.0, 0, 0]] + [[point[n], 0, 0] for n in point]), draws, "DR", 50)
+
+
+def test_the_simultaneous_gain_bar_rises_with_the_candidates_compared():
+    rng = np.random.default_rng(0)
+    symmetric = np.concatenate([z := rng.normal(0.0, 0.1, 500), -z])        # (1000,) draws symmetric about 0
+    alone = gains_of({"a": 0.25}, {"a": symmetric})
+    # one candidate, symmetric draws: the bound is the lower end of its paired 95% interval
+    low = alone.difference(1, 0)[1]
+    assert deploy.simultaneous_gain_bounds(alone, 0)[1] == pytest.approx(low, abs=1e-3)
+    assert deploy.choose(alone, True, simultaneous=True) == deploy.choose(alone, True) == 1
+    # 40 candidates of pure noise beside it: each is a draw of the same size, so the largest noise is larger and
+    # a's bound falls below 0, while a's own interval still clears 0: the bar counts the candidates compared
+    noise = {f"n{i}": np.concatenate([w := rng.normal(0.0, 0.1, 500), -w]) for i in range(40)}
+    crowd = gains_of({"a": 0.25, **{n: 0.0 for n in noise}}, {"a": symmetric, **noise})
+    assert crowd.difference(1, 0)[1] > 0 and deploy.simultaneous_gain_bounds(crowd, 0)[1] < 0
+    assert deploy.choose(crowd, True, simultaneous=False) == 1 and deploy.choose(crowd, True, simultaneous=True) == 0
+    row = deploy.candidate_rows(crowd)[1]                                   # what selection.md shows beside it
+    assert row["gain_lo"] > 0 > row["gain_bound"] == deploy.simultaneous_gain_bounds(crowd, 0)[1]
+    assert f"| {row['gain_bound']:+.4f} |" in deploy.selection_table(deploy.candidate_rows(crowd), crowd, "x", "h")
+    # choosing as the floor does (draws that do not vary): the point gain; never resampled: never chosen
+    same = gains_of({"same": 0.0, "unseen": 0.9}, {"same": np.zeros(4), "unseen": np.full(4, np.nan)})
+    assert deploy.simultaneous_gain_bounds(same, 0)[1:].tolist() == [0.0, -np.inf]
+    assert deploy.choose(same, True, simultaneous=True) == 0
+
+
+def test_one_standard_error_rule_deploys_the_simplest_candidate_close_to_the_best():
+    simple = np.repeat([-0.1, 0.1], 500)                                     # (1000,) draws
+    other = np.tile([-0.1, 0.1], 500)   # complex - simple: 0, 0.2, -0.2, 0 a quarter each: se sqrt(0.02) = 0.141
+    noise = {"simple": simple, "complex": other}
+    close = gains_of({"simple": 0.5, "complex": 0.6}, noise)
+    assert deploy.choose(close, True) == 2                                    # the best J
+    assert deploy.choose(close, True, one_se=True) == 1                       # 0.6 - 0.5 < 0.141: the earlier
+    assert deploy.choose(gains_of({"simple": 0.5, "complex": 0.65}, noise), True, one_se=True) == 2   # 0.15 > 0.141
+    same = {"simple": simple, "complex": simple}                             # paired: no noise between them
+    assert deploy.choose(gains_of({"simple": 0.5, "complex": 0.55}, same), True, one_se=True) == 2
+
+
 def test_each_warning_fires_on_its_own_case_and_not_otherwise():
     n = 40
     good = {"router": [0.8] * n, deploy.BEST_FIXED: [0.5] * n, deploy.RANDOM: [0.3] * n}
