@@ -255,13 +255,12 @@ def family_floors(per_family: BestPerFamilyRouter | None, pool: ModelPool) -> di
     out = {}
     for family, router in per_family.families.items():
         lowest = min(router.returns.values())
-        unlogged = [m for m in pool.names if m not in router.returns]
-        # the overall ranking of the unlogged models, shifted to start just below the family's lowest floor
-        top = max((overall.get(m, -np.inf) for m in unlogged), default=0.0)
-        shift = (top if np.isfinite(top) else 0.0) - lowest + FAMILY_GAP
-        below = min(overall.values()) - shift - FAMILY_GAP            # never logged alone anywhere: below them all
-        out[family] = np.array([router.returns[m] if m in router.returns else
-                                overall[m] - shift if m in overall else below for m in pool.names])
+        # the models the family never logged alone, in the overall order, shifted to start just below its lowest
+        others = [overall[m] for m in pool.names if m not in router.returns and m in overall]
+        shift = max(others) - lowest + FAMILY_GAP if others else 0.0
+        floor = {m: router.returns.get(m, overall[m] - shift) for m in pool.names if m in overall}
+        bottom = min(floor.values()) - FAMILY_GAP                   # never logged alone anywhere: below them all
+        out[family] = np.array([floor.get(m, bottom) for m in pool.names])
     return out
 
 

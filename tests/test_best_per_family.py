@@ -7,7 +7,7 @@ from rivet_jax import deploy, heldout, ope
 from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestPerFamilyRouter
 from rivet_jax.data.replay import Reward
 from rivet_jax.verdict import format_verdict, judge_on_logs, per_family_of, warnings_of
-from rivet_jax.data.schema import Episode
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool
 from rivet_jax.verdict import Routing
 from tests.test_deploy import POOL, ab_episode, estimates_of, turn
 
@@ -109,6 +109,11 @@ def test_recentred_on_the_family_floors_at_k_0_the_router_is_exactly_the_best_fi
                 scores = np.where([m in available for m in POOL.names], recentring(q, [family])[0], -np.inf)
                 assert POOL.names[int(np.argmax(scores))] == per_family.act(task, (), list(available), rng)[0]
     assert deploy.family_floors(None, POOL) == {}
+    # a model no episode ever called alone ranks last in every family (route-by-family never calls it)
+    with_dee = ModelPool(POOL.cards + (ModelCard("dee", "model dee: never logged alone"),))
+    floors = deploy.family_floors(BestPerFamilyRouter.fit(train, with_dee, REWARD), with_dee)
+    for floor in floors.values():
+        assert floor[with_dee.index("dee")] < min(np.delete(floor, with_dee.index("dee")))
 
 
 def test_the_candidates_add_the_family_floors_only_where_asked():
