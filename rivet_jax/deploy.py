@@ -140,8 +140,9 @@ def choose(estimates: Estimates, require_gain: bool, simultaneous: bool = False,
     """The deployed-choice rule: among the candidates that beat the best fixed model (`require_gain`: with the lower
     end of a 95% bound on the paired gain above 0; else by the point estimate; none: the best fixed model), the one
     with the best J, or (`one_se`) the earliest listed (the simplest) whose J is within one standard error of the
-    best's (of their paired difference). `simultaneous`: the bounds hold for every candidate at once (`simultaneous_gain_bounds`), so the bar
-    rises with the number of candidates compared; else each candidate's own paired interval."""
+    best's (of their paired difference). `simultaneous`: the bounds hold for every candidate at once
+    (`simultaneous_gain_bounds`), so the bar rises with the number of candidates compared; else each candidate's
+    own paired interval."""
     floor = estimates.index(BEST_FIXED)
     if not require_gain:
         low = estimates.point[:, J] - estimates.point[floor, J]

@@ -213,7 +213,8 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
     store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
-        estimates, _ = heldout.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward, dc.resamples)
+        estimates, _ = heldout.rollout_estimates(env, policies, "validation", dc.rollouts, dc.seed, reward,
+                                                 dc.resamples)
     else:
         held = heldout.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
         fit = None
@@ -252,8 +253,8 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
                                    floor, dc.rollouts, dc.seed + 1, reward, dc.resamples, per_family=per_family)
     elif splits["test"]:
         held = heldout.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
-        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h, held.families), held, pool, floor, scorer.commit,
-                               dc.resamples, dc.seed + 1, reward, per_family=per_family)
+        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h, held.families), held, pool, floor,
+                               scorer.commit, dc.resamples, dc.seed + 1, reward, per_family=per_family)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")
         return {"verdict": None, "verdict_text": ""}
