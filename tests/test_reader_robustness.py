@@ -143,7 +143,9 @@ def test_unknown_card_key_suggests_the_closest_known_key(tmp_path):
         read_model_cards(path)
     metadata = cards_text(lambda obj: obj["models"][0].update(family="F", open_weights=False))
     path.write_text(metadata.replace('{"models"', '{"note": "free text", "models"'), encoding="utf-8")
-    assert read_model_cards(path) == POOL  # the documented metadata keys are still accepted
+    read = read_model_cards(path)  # the documented structured keys are accepted, and read
+    assert (read.cards[0].family, read.cards[0].open_weights) == ("F", False)
+    assert read.cards[1:] == POOL.cards[1:]
 
 
 def repeat_in_card(key: str, value) -> Callable[[dict], dict]:

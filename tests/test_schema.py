@@ -350,9 +350,19 @@ def test_model_card_capability_and_json_round_trip(pool):
     assert unordered.capabilities == (("a", False), ("z", True))
 
 
-def test_model_card_ignores_extra_keys_and_validates_fields():
+def test_model_card_reads_structured_fields_and_validates_fields():
     obj = {"name": "x", "description": "d", "family": "F", "open_weights": True, "capabilities": {"code": None}}
-    assert ModelCard.from_json(obj) == ModelCard("x", "d", capabilities=(("code", None),))
+    card = ModelCard.from_json({**obj, "parameters_b": 13})
+    assert card == ModelCard("x", "d", capabilities=(("code", None),), family="F", open_weights=True,
+                             parameters_b=13.0)
+    assert ModelCard.from_json(card.to_json()) == card
+    # a card without them writes the JSON it always wrote (checkpoints' card files keep their digests)
+    assert set(ModelCard("x", "d").to_json()) == {"name", "provider", "context_length", "price_in_per_mtok",
+                                                  "price_out_per_mtok", "capabilities", "description"}
+    for key, bad in (("open_weights", "yes"), ("parameters_b", -1), ("family", 3)):
+        with pytest.raises(DataError) as info:
+            ModelCard.from_json({**obj, key: bad})
+        assert info.value.field == key
     with pytest.raises(DataError) as info:
         ModelCard.from_json({**obj, "price_in_per_mtok": "1.0"}, path="c.json", prefix="models[2].")
     assert (info.value.path, info.value.field) == ("c.json", "models[2].price_in_per_mtok")

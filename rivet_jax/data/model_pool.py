@@ -5,11 +5,13 @@ Model cards (`read_model_cards` / `write_model_cards`) are one JSON document::
     {"note": "...", "models": [{"name": "m-small", "provider": "Acme", "family": "...",
       "open_weights": true, "context_length": 8192, "price_in_per_mtok": 0.5,
       "price_out_per_mtok": 1.5, "capabilities": {"tool_use": true, "code": true,
-      "math": null}, "description": "..."}, ...]}
+      "math": null}, "parameters_b": 13, "description": "..."}, ...]}
 
-"family" and "open_weights" (free-form metadata) and a top-level "note" are accepted and ignored; `null` means
-unknown. Any other key, and a key given twice, is a DataError: a typo'd "pirce_in_per_mtok" would otherwise be
-read as an unknown price, and of a repeated key only the last value would be. Importers usually take these names
+"family" (the model family, e.g. "Llama-2"), "open_weights" and "parameters_b" (billions of parameters) are
+structured fields the card prior reads (`rivet_jax.card_prior`), never the router's network; a top-level "note" is
+accepted and ignored; `null` (or a missing key) means unknown. Any other key, and a key given twice, is a
+DataError: a typo'd "pirce_in_per_mtok" would otherwise be read as an unknown price, and of a repeated key only the
+last value would be. Importers usually take these names
 from `rivet_jax.data.schema`, which re-exports them.
 """
 
@@ -30,7 +32,7 @@ from rivet_jax.data.validation import (
 __all__ = ["ModelCard", "ModelPool", "read_model_cards", "write_model_cards"]
 
 _CARD_KEYS = ("name", "description", "provider", "context_length", "price_in_per_mtok", "price_out_per_mtok",
-              "capabilities", "family", "open_weights")  # the last two: metadata, read and ignored
+              "capabilities", "family", "open_weights", "parameters_b")
 _POOL_KEYS = ("models", "note")
 
 
@@ -45,6 +47,9 @@ class ModelCard:
     price_out_per_mtok: float | None = None  # USD per million completion tokens
     capabilities: tuple[tuple[str, bool | None], ...] = ()  # sorted (flag, value); None = unknown
     provider: str | None = None
+    family: str | None = None        # the model family ("Llama-2"): the card prior's, not the network's input
+    open_weights: bool | None = None
+    parameters_b: float | None = None  # billions of parameters (total, for a mixture of experts)
 
     def __post_init__(self):
         # Sorted pairs keep equality and hashing independent of the JSON key order.
@@ -59,6 +64,7 @@ class ModelCard:
         return dict(self.capabilities).get(flag)
 
     def to_json(self) -> dict:
+        structured = {key: getattr(self, key) for key in ("family", "open_weights", "parameters_b")}
         return {
             "name": self.name,
             "provider": self.provider,
@@ -66,6 +72,8 @@ class ModelCard:
             "price_in_per_mtok": self.price_in_per_mtok,
             "price_out_per_mtok": self.price_out_per_mtok,
             "capabilities": dict(self.capabilities),
+            # written only where known: a card without them keeps the JSON (and file digest) it always had
+            **{key: value for key, value in structured.items() if value is not None},
             "description": self.description,
         }
 
@@ -106,6 +114,9 @@ class ModelCard:
             ),
             capabilities=tuple(capabilities),
             provider=optional(field("provider"), as_str, where, prefix + "provider"),
+            family=optional(field("family"), as_str, where, prefix + "family"),
+            open_weights=optional(field("open_weights"), as_bool, where, prefix + "open_weights"),
+            parameters_b=optional(field("parameters_b"), as_number, where, prefix + "parameters_b", minimum=0.0),
         )
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from rivet_jax.card_prior import CardPrior, fit_return_prior, prior_floor
 from rivet_jax.data.converters.mint import MintCorpus, convert_mint
 from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_model_cards, write_episodes, write_model_cards
@@ -22,7 +23,8 @@ from rivet_jax.evaluation import discounted_return
 from rivet_jax.experiments.mint_manifest import load_manifest, make_manifest
 
 __all__ = ["MintData", "committed", "expected_random", "oracle_choice", "fixed_choice", "training_returns",
-           "fixed_ranking", "family_choice", "centre_of", "shrunk", "recentred", "task_floors", "task_centres",
+           "fixed_ranking", "family_choice", "family_values", "prior_family_choice", "centre_of", "shrunk",
+           "recentred", "task_floors", "task_centres",
            "per_task_returns", "paired_intervals", "by_family", "card_metadata", "card_groups", "choice_profile"]
 
 
@@ -256,6 +258,46 @@ def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], s
                                                                   for t in train]))
     fallback = fixed_ranking(data, lam, gamma)
     return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
+
+
+def family_values(data: MintData, known: MintData, lam: float, gamma: float) -> tuple[list[str], np.ndarray]:
+    """(families, values (M, G)): each model of `data.pool` as a fixed model on each family's training tasks, its
+    mean J where it is one of `known`'s models and available on all of them (what `family_choice` compares), else
+    NaN: the card prior's targets."""
+    families = sorted({data.tasks[t].family for t in data.tasks})
+    values = np.full((len(data.pool), len(families)), np.nan)
+    for g, family in enumerate(families):
+        train = [t for t in data.split["train"] if data.tasks[t].family == family]
+        for i, m in enumerate(data.pool.names):
+            if train and m in known.pool and all(m in known.available[t] for t in train):
+                values[i, g] = np.mean([data.episode_return(t, m, lam, gamma) for t in train])
+    return families, values
+
+
+def prior_family_choice(data: MintData, known: MintData, lam: float, gamma: float,
+                        embeddings: np.ndarray | None = None) -> tuple[Callable[[str], str], CardPrior]:
+    """`family_choice` over the known models, but on each family a model without logs (in `data.pool`, not in
+    `known`'s) is chosen instead where its card prior's conservative level (`card_prior.prior_floor`: prediction
+    minus the leave-one-model-out error of `card_prior.fit_return_prior`, fitted on the known models' family values)
+    beats the family's best known model; the highest such level wins. `embeddings` (M, D): the cards' description
+    embeddings (None: the prior reads the structured fields alone)."""
+    families, values = family_values(data, known, lam, gamma)
+    _, success = family_values(data, known, 0.0, gamma)            # J at lambda 0: the success part
+    prior = fit_return_prior(data.pool.cards, success, success - values, families, embeddings=embeddings)
+    choose_known = family_choice(known, lam, gamma)
+    new = [i for i, m in enumerate(data.pool.names) if m not in known.pool]
+    pick = {}
+    for g, family in enumerate(families):
+        level = prior_floor(prior, family)
+        best_known = np.nanmax(values[:, g]) if np.isfinite(values[:, g]).any() else -np.inf
+        better = [i for i in new if np.isfinite(level[i]) and level[i] > best_known]
+        if better:
+            pick[family] = data.pool.names[max(better, key=lambda i: level[i])]
+
+    def choose(task_id: str) -> str:
+        model = pick.get(data.tasks[task_id].family)
+        return model if model is not None and model in data.available[task_id] else choose_known(task_id)
+    return choose, prior
 
 
 def _masked_mean(values: np.ndarray, axis: int = 0) -> np.ndarray:

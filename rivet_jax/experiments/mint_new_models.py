@@ -33,8 +33,9 @@ from rivet_jax.data.cards import CARD_INPUTS, valid_card_inputs
 from rivet_jax.data.converters.mint import convert_mint
 from rivet_jax.data.schema import ModelCard, read_model_cards
 from rivet_jax.encoders import EmbeddingStore
-from rivet_jax.experiments.mint_data import (MintData, committed, family_choice, shrunk, task_centres,
-                                             task_floors)
+from rivet_jax.card_prior import field_errors
+from rivet_jax.experiments.mint_data import (MintData, committed, family_choice, family_values, prior_family_choice,
+                                             shrunk, task_centres, task_floors)
 from rivet_jax.experiments.mint_routers import (first_state_scores, load_stages, train_runs, validated_commitment,
                                                 value_error)
 from rivet_jax.router import Router
@@ -128,9 +129,27 @@ def new_model_rows(draw: str, held: Sequence[str], data: MintData, known: MintDa
         rivet)]
     if trained_with_logs is not None:
         found.append(with_cards("RIVET trained with their logs", trained_with_logs, rivet))
-    found += [mt, with_cards("MTRouter-style with their cards", mt_cards, mt),
-              row("Best fixed per family (train, known models)", [family_choice(known, lam, gamma)])]
+    by_family = row("Best fixed per family (train, known models)", [family_choice(known, lam, gamma)])
+    prior_choice, _ = prior_family_choice(data, known, lam, gamma, card_embeddings(data.pool.cards, store))
+    found += [mt, with_cards("MTRouter-style with their cards", mt_cards, mt), by_family,
+              with_cards("Best fixed per family + card prior", [prior_choice], by_family)]
     return [{"draw": draw, "new_models": ", ".join(held), **r} for r in found]
+
+
+def card_embeddings(cards: Sequence[ModelCard], store: EmbeddingStore) -> np.ndarray:
+    """(M, D) the cards' description embeddings by the experiment's encoder (the card prior's description field)."""
+    return np.asarray(store.encoder.encode([card.description for card in cards]), np.float64)
+
+
+def card_prior_rows(data: MintData, store: EmbeddingStore, lam: float, gamma: float) -> list[dict]:
+    """The card prior's leave-one-model-out error of J per card field (`card_prior.field_errors`: the success part
+    on that field alone, the cost part on the prices), over every model of the pool, per task family and their
+    mean."""
+    families, values = family_values(data, data, lam, gamma)
+    _, success = family_values(data, data, 0.0, gamma)
+    errors = field_errors(data.pool.cards, success, success - values, families, card_embeddings(data.pool.cards, store))
+    return [{"field": field, "mean": float(np.nanmean(e)), **{f: float(v) for f, v in zip(families, e)}}
+            for field, e in errors.items()]
 
 
 def mean_rows(rows: Sequence[dict], key: str = "router") -> list[dict]:
@@ -237,7 +256,9 @@ def new_models(config, data: MintData, workdir: Path, store: EmbeddingStore, ref
         wider = data.with_models(pool, convert_mint(Path(new_dir), pool))
         rows += new_model_rows(f"{new_dir}", pool.names, wider, data, stages, chosen, store, config, reference,
                                validated, None)
-    return {name: found for name, found in (("new_models", rows), ("card_ablation", ablation)) if found}
+    prior = card_prior_rows(data, store, lam, gamma) if plan.draws or new_dir else []
+    return {name: found for name, found in (("new_models", rows), ("card_ablation", ablation), ("card_prior", prior))
+            if found}
 
 
 NOTES = {
@@ -246,7 +267,16 @@ NOTES = {
         "the validated commitment's stage and k are chosen on validation among the known models (the row "
         "'ignoring the new models'); a new model's floor is the router's own mean score for it over the training "
         "tasks, corrected by its mean error on the known models' logged floors. Their logs only score the choices. "
-        "'trained with their logs' is the main runs' validated commitment (the same test tasks)."),
+        "'trained with their logs' is the main runs' validated commitment (the same test tasks). 'Best fixed per "
+        "family + card prior': on each family, a new model replaces the family's best known model only where its "
+        "card prior (rivet_jax/card_prior.py, fitted on the known models) minus the prior's leave-one-model-out "
+        "error beats that model's training J."),
+    "card_prior": (
+        "The card prior's error: for every model of the pool, its J per family predicted from its card by a "
+        "regression fitted on the other models (success part on the field named, cost part on the prices), "
+        "against its training J; root mean squared over the models. 'none': the other models' mean success. A "
+        "field informs the prior where its error is below 'none'; a new model is chosen from its card only where "
+        "the prediction beats the known best by more than the 'all' error of its family."),
     "card_ablation": (
         "Each variant is trained on the same draw's known models with one card input group left out (it enters as "
         "zeros, read as unknown), one seed (the experiment's first; 'every card input' is that seed's run of the "
@@ -265,6 +295,9 @@ TABLES = {
                     ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3), ("return", "J", 3),
                     ("new_share", "new share", 3), ("new_success", "new success", 3),
                     ("gain_vs_ignoring", "gain", 3)]),
+    "card_prior": ("The card prior's leave-one-model-out error of J (training tasks, per task family and their "
+                   "mean), by the card field its success part reads",
+                   [("field", "field", -1), ("mean", "mean", 3)]),
     "card_ablation": ("Card inputs by ablation on the leave-k-models-out draws (then the mean over draws): the "
                       "held-out models' value error from their cards (`new MSE`, MC stage, test episodes), the "
                       "known models' (`known MSE`), and committed routing with their cards at each variant's own "
