@@ -202,6 +202,30 @@ def test_the_simultaneous_gain_bar_rises_with_the_candidates_compared():
     assert deploy.choose(same, True, simultaneous=True) == 0
 
 
+def test_a_router_must_beat_route_by_family_where_it_validates_above_the_best_fixed_model():
+    rng = np.random.default_rng(1)
+    tasks = 60
+    fixed = rng.normal(0.3, 0.2, tasks)
+    family = fixed + 0.2                                   # route by family: 0.2 above the best fixed model on every task
+    router = family + 0.02 + rng.normal(0.0, 0.2, tasks)   # a little above route by family, with much noise
+
+    def estimates(**rows):
+        return estimates_of({deploy.BEST_FIXED: fixed, **{name: list(v) for name, v in rows.items()}})
+
+    est = estimates(**{deploy.BEST_PER_FAMILY: family, "router": router})
+    assert est.difference(2, 0)[1] > 0 > est.difference(2, 1)[1]   # clears the best fixed model, not route by family
+    assert deploy.reference(est) == 1 and deploy.choose(est, True) == 1
+    rows = deploy.candidate_rows(est)
+    assert rows[1]["gain"] == 0.0 and rows[2]["gain"] == pytest.approx(est.point[2, 0] - est.point[1, 0])
+    assert f"from {deploy.BEST_PER_FAMILY}" in deploy.selection_table(rows, est, deploy.BEST_PER_FAMILY, "h")
+    # without route by family, or where it validates below the best fixed model, the best fixed model is the bar
+    assert deploy.choose(estimates(router=router), True) == 1
+    below = estimates(**{deploy.BEST_PER_FAMILY: fixed - 0.1, "router": router})
+    assert deploy.reference(below) == 0 and deploy.choose(below, True) == 2
+    # a tie: the best fixed model, the simpler rule
+    assert deploy.reference(estimates(**{deploy.BEST_PER_FAMILY: fixed, "router": router})) == 0
+
+
 def test_one_standard_error_rule_deploys_the_simplest_candidate_close_to_the_best():
     simple = np.repeat([-0.1, 0.1], 500)                                     # (1000,) draws
     other = np.tile([-0.1, 0.1], 500)   # complex - simple: 0, 0.2, -0.2, 0 a quarter each: se sqrt(0.02) = 0.141
