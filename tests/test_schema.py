@@ -407,6 +407,10 @@ def test_model_pool_differences(pool):
     assert "model 'm-medium': price_in_per_mtok 2.0 != 1.5" in diffs
     assert "model 'm-medium': capability 'tool_use' False != absent" in diffs
     assert len(diffs) == 4
+    # what only the card prior reads is no difference to a checkpoint (one saved before it was read has nulls)
+    described = ModelPool(tuple(dataclasses.replace(c, family="F", open_weights=True, parameters_b=7.0)
+                                for c in pool.cards))
+    assert pool.differences(described) == [] and described.differences(pool) == []
     assert pool.differences(pool.subset(["m-medium", "m-small", "m-large"])) == [
         "model order differs: ['m-small', 'm-medium', 'm-large'] != ['m-medium', 'm-small', 'm-large']"
     ]

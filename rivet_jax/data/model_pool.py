@@ -210,10 +210,15 @@ class ModelPool:
         return diffs
 
 
+# What the card prior alone reads, never the network: a checkpoint saved before they were read (null there) or with
+# other values still scores every model exactly as it was trained to.
+PRIOR_ONLY_FIELDS = ("family", "open_weights", "parameters_b")
+
+
 def _card_differences(mine: ModelCard, theirs: ModelCard) -> list[str]:
     diffs = []
     for f in dataclasses.fields(ModelCard):
-        if f.name in ("name", "capabilities"):
+        if f.name in ("name", "capabilities", *PRIOR_ONLY_FIELDS):
             continue
         a, b = getattr(mine, f.name), getattr(theirs, f.name)
         if a == b:
