@@ -64,7 +64,7 @@ def warnings_of(estimates: Estimates, deployed: str, routing: Routing, identical
     if routing.first_turn[top] >= COLLAPSE_SHARE:
         out.append(f"collapsed to one model: {100 * routing.first_turn[top]:.0f}% of first turns go to {top}")
     for reference, what in ((BEST_FIXED, "the best fixed model"), (BEST_PER_FAMILY, "the best fixed model per family")):
-        if deployed == BEST_FIXED or reference not in estimates.names:
+        if deployed in (BEST_FIXED, reference) or reference not in estimates.names:
             continue
         gain, low, high = estimates.difference(estimates.index(deployed), estimates.index(reference))
         if low <= 0:

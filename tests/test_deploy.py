@@ -252,6 +252,12 @@ def test_each_warning_fires_on_its_own_case_and_not_otherwise():
     assert warning.startswith("not better than the best fixed model: J difference +0.0000")
     (warning,) = warnings_of(estimates_of(good), "router", spread, "bee")
     assert warning == "identical to fixed model bee: the same choice at every test state"
+    # route by family deployed: compared with the best fixed model, never with itself
+    by_family = {deploy.BEST_PER_FAMILY: [0.8] * n, deploy.BEST_FIXED: [0.5] * n, deploy.RANDOM: [0.3] * n}
+    assert warnings_of(estimates_of(by_family), deploy.BEST_PER_FAMILY, spread, None) == []
+    tied = {**by_family, deploy.BEST_PER_FAMILY: [0.9, 0.1] * (n // 2)}
+    (warning,) = warnings_of(estimates_of(tied), deploy.BEST_PER_FAMILY, spread, None)
+    assert warning.startswith("not better than the best fixed model: J difference +0.0000")
     few = {name: v[:12] for name, v in good.items()}
     (warning,) = warnings_of(estimates_of(few), "router", spread, None)
     assert warning.startswith("too few held-out test tasks for a useful interval: n = 12")
