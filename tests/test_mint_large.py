@@ -205,7 +205,13 @@ def test_launch_mint_on_a_tiny_large_pool_routes_among_available_models_and_by_f
     assert held in POOL.names and set(draw) == {
         "RIVET ignoring the new models", "RIVET with their cards", "RIVET trained with their logs",
         "MTRouter-style ignoring them", "MTRouter-style with their cards",
-        "Best fixed per family (train, known models)"}
+        "Best fixed per family (train, known models)", "Best fixed per family + card prior"}
+    # two known models: too few to measure the card prior's error, so it takes no new model
+    prior_row = draw["Best fixed per family + card prior"]
+    assert prior_row["new_share"] == 0 and prior_row["gain_vs_ignoring"] == 0
+    assert prior_row["return"] == draw["Best fixed per family (train, known models)"]["return"]
+    fields = [r["field"] for r in result["experiments"]["card_prior"]]
+    assert fields[0] == "none" and fields[-1] == "all" and "prices" in fields and "description" in fields
     trained = read_episodes(tmp_path / "work" / "new_models" / "draw_0" / "corpus" / "train_episodes.jsonl",
                             POOL).episodes
     assert trained and all(e.turns[0].model != held for e in trained)  # the held-out model's logs are not trained on
