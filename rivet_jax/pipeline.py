@@ -208,8 +208,8 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
     tasks = len({e.task.id for e in splits["validation"]}) if env is None else None
     if tasks is not None and tasks < MIN_TASKS:
         logging.warning("only %d validation tasks: a router is deployed only if its gain over the best fixed model "
-                        "shows with an interval above 0, which few tasks rarely allow; hold out more "
-                        "(config.data.holdout.validation)", tasks)
+                        "(or route by family) shows with an interval above 0, which few tasks rarely allow; hold out "
+                        "more (config.data.holdout.validation)", tasks)
     store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
