@@ -132,17 +132,26 @@ def fit_card_prior(cards: Sequence[ModelCard], values: np.ndarray, groups: Seque
     fields = tuple(f for f in fields if f != "description" or embeddings is not None)
     blocks = [(f, field_columns(cards, f, embeddings)) for f in fields]
     prediction = np.full(values.shape, np.nan)
-    error = np.full(len(groups), np.nan)
     for g in range(len(groups)):
         known = np.isfinite(values[:, g])
         if known.sum() < 3:
             continue
-        for m in range(len(cards)):
+        # every model without logs here is predicted by the one fit on all the known models
+        prediction[~known, g] = _ridge_predict(_design(blocks, known), values[:, g], known, ridges)[~known]
+        for m in np.flatnonzero(known):
             fit = known.copy()
             fit[m] = False
             prediction[m, g] = _ridge_predict(_design(blocks, fit), values[:, g], fit, ridges)[m]
-        error[g] = float(np.sqrt(np.mean(np.square(prediction[known, g] - values[known, g]))))
-    return CardPrior(tuple(groups), fields, prediction, error)
+    return CardPrior(tuple(groups), fields, prediction, _loo_error(prediction, values))
+
+
+def _loo_error(prediction: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """(G,) root mean squared error of the leave-one-model-out `prediction` (M, G) over the models with `values`;
+    NaN in a group with fewer than three of them."""
+    known = np.isfinite(values)
+    squared = np.where(known, np.square(prediction - np.where(known, values, 0.0)), 0.0)
+    count = known.sum(axis=0)
+    return np.where(count >= 3, np.sqrt(squared.sum(axis=0) / np.maximum(count, 1)), np.nan)
 
 
 def fit_return_prior(cards: Sequence[ModelCard], success: np.ndarray, cost: np.ndarray, groups: Sequence[str],
@@ -162,9 +171,8 @@ def fit_return_prior(cards: Sequence[ModelCard], success: np.ndarray, cost: np.n
     else:
         cost_part = np.exp(fit_card_prior(cards, np.log(np.maximum(cost, COST_FLOOR)), groups, ("prices",)).prediction)
     prediction = parts.prediction - cost_part
-    squared = np.where(known, np.square(prediction - (success - cost)), 0.0)
-    error = np.where(known.sum(axis=0) >= 3, np.sqrt(squared.sum(axis=0) / np.maximum(known.sum(axis=0), 1)), np.nan)
-    return CardPrior(parts.groups, parts.fields, prediction, error)
+    return CardPrior(parts.groups, parts.fields, prediction, _loo_error(prediction, np.where(known, success - cost,
+                                                                                             np.nan)))
 
 
 COST_FLOOR = 1e-4   # J: a cost part this small (a free model) is taken as this, so its log stays finite

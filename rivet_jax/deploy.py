@@ -19,13 +19,13 @@ training ends (`rivet_jax.fit`) by estimating, on the validation tasks, every ca
                                    (k = 0) and every recentred candidate again on the floor and centre of the
                                    task's family: "route by family", and the router's differences around it
 
-and deploys the best one whose validation return J beats the best fixed model's with a paired 95% interval above 0
-(`config.deploy.require_gain`), or, pre-registered, a bound that holds for all candidates at once
-(`config.deploy.simultaneous`, `simultaneous_gain_bounds`: chosen among a hundred, the best estimate is the one
-noise flattered most), and among those the simplest within one paired standard error of the best
-(`config.deploy.one_se`); none: the best fixed model.
-The choice is then never worse than the best fixed model on validation, and is the best fixed model itself unless
-validation shows a gain.
+and deploys the best one whose validation return J beats the `reference` rule's (the best fixed model, or route by
+family where it validates higher) with a paired 95% interval above 0 (`config.deploy.require_gain`), or,
+pre-registered, a bound that holds for all candidates at once (`config.deploy.simultaneous`,
+`simultaneous_gain_bounds`: chosen among a hundred, the best estimate is the one noise flattered most), and among
+those the simplest within one paired standard error of the best (`config.deploy.one_se`); none: the reference.
+The choice is then never worse than the reference on validation, and is the reference itself unless validation
+shows a gain.
 
 The estimates: `rivet_jax.heldout` (rollouts, doubly robust, committed or fitted-Q, as the data allow).
 

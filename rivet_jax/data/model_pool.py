@@ -34,6 +34,9 @@ __all__ = ["ModelCard", "ModelPool", "read_model_cards", "write_model_cards"]
 _CARD_KEYS = ("name", "description", "provider", "context_length", "price_in_per_mtok", "price_out_per_mtok",
               "capabilities", "family", "open_weights", "parameters_b")
 _POOL_KEYS = ("models", "note")
+# What the card prior alone reads, never the network: a checkpoint saved before they were read (null there) or with
+# other values still scores every model exactly as it was trained to.
+PRIOR_ONLY_FIELDS = ("family", "open_weights", "parameters_b")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +67,7 @@ class ModelCard:
         return dict(self.capabilities).get(flag)
 
     def to_json(self) -> dict:
-        structured = {key: getattr(self, key) for key in ("family", "open_weights", "parameters_b")}
+        structured = {key: getattr(self, key) for key in PRIOR_ONLY_FIELDS}
         return {
             "name": self.name,
             "provider": self.provider,
@@ -208,11 +211,6 @@ class ModelPool:
         for name in shared_here:
             diffs += _card_differences(self.cards[self.index(name)], other.cards[other.index(name)])
         return diffs
-
-
-# What the card prior alone reads, never the network: a checkpoint saved before they were read (null there) or with
-# other values still scores every model exactly as it was trained to.
-PRIOR_ONLY_FIELDS = ("family", "open_weights", "parameters_b")
 
 
 def _card_differences(mine: ModelCard, theirs: ModelCard) -> list[str]:

@@ -260,18 +260,20 @@ def family_choice(data: MintData, lam: float, gamma: float) -> Callable[[str], s
     return lambda t: next(m for m in (best.get(data.tasks[t].family), *fallback) if m in data.available[t])
 
 
-def family_values(data: MintData, known: MintData, lam: float, gamma: float) -> tuple[list[str], np.ndarray]:
-    """(families, values (M, G)): each model of `data.pool` as a fixed model on each family's training tasks, its
-    mean J where it is one of `known`'s models and available on all of them (what `family_choice` compares), else
-    NaN: the card prior's targets."""
+def family_values(data: MintData, known: MintData, lam: float, gamma: float
+                  ) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(families, success (M, G), cost (M, G)): each model of `data.pool` as a fixed model on each family's training
+    tasks, where it is one of `known`'s models and available on all of them (what `family_choice` compares), else
+    NaN; its mean J = success - cost, success its mean J at lambda 0: the card prior's targets."""
     families = sorted({data.tasks[t].family for t in data.tasks})
-    values = np.full((len(data.pool), len(families)), np.nan)
+    success, cost = np.full((2, len(data.pool), len(families)), np.nan)
     for g, family in enumerate(families):
         train = [t for t in data.split["train"] if data.tasks[t].family == family]
         for i, m in enumerate(data.pool.names):
             if train and m in known.pool and all(m in known.available[t] for t in train):
-                values[i, g] = np.mean([data.episode_return(t, m, lam, gamma) for t in train])
-    return families, values
+                success[i, g] = np.mean([data.episode_return(t, m, 0.0, gamma) for t in train])
+                cost[i, g] = success[i, g] - np.mean([data.episode_return(t, m, lam, gamma) for t in train])
+    return families, success, cost
 
 
 def prior_family_choice(data: MintData, known: MintData, lam: float, gamma: float,
@@ -281,9 +283,9 @@ def prior_family_choice(data: MintData, known: MintData, lam: float, gamma: floa
     minus the leave-one-model-out error of `card_prior.fit_return_prior`, fitted on the known models' family values)
     beats the family's best known model; the highest such level wins. `embeddings` (M, D): the cards' description
     embeddings (None: the prior reads the structured fields alone)."""
-    families, values = family_values(data, known, lam, gamma)
-    _, success = family_values(data, known, 0.0, gamma)            # J at lambda 0: the success part
-    prior = fit_return_prior(data.pool.cards, success, success - values, families, embeddings=embeddings)
+    families, success, cost = family_values(data, known, lam, gamma)
+    values = success - cost
+    prior = fit_return_prior(data.pool.cards, success, cost, families, embeddings=embeddings)
     choose_known = family_choice(known, lam, gamma)
     new = [i for i, m in enumerate(data.pool.names) if m not in known.pool]
     pick = {}

@@ -145,9 +145,8 @@ def card_prior_rows(data: MintData, store: EmbeddingStore, lam: float, gamma: fl
     """The card prior's leave-one-model-out error of J per card field (`card_prior.field_errors`: the success part
     on that field alone, the cost part on the prices), over every model of the pool, per task family and their
     mean."""
-    families, values = family_values(data, data, lam, gamma)
-    _, success = family_values(data, data, 0.0, gamma)
-    errors = field_errors(data.pool.cards, success, success - values, families, card_embeddings(data.pool.cards, store))
+    families, success, cost = family_values(data, data, lam, gamma)
+    errors = field_errors(data.pool.cards, success, cost, families, card_embeddings(data.pool.cards, store))
     return [{"field": field, "mean": float(np.nanmean(e)), **{f: float(v) for f, v in zip(families, e)}}
             for field, e in errors.items()]
 
