@@ -126,7 +126,7 @@ SETTINGS: dict[str, Setting] = {
     "data.demo_tasks": Setting("training tasks of the demo corpus", *_INT1, RUN, default=200),
     "data.demo_seed": Setting("the demo corpus' draws", resume=RUN, default=0),
     # encoder (compared by its fingerprint on resume)
-    "encoder.name": Setting("the frozen text encoder: hashing, minilm, bert or qwen3", default='hashing'),
+    "encoder.name": Setting("the frozen text encoder: hashing, minilm, bert, qwen3 or wordllama", default='hashing'),
     "encoder.dim": Setting("the encoder's output width", *_INT1, default=1024),
     # reward (Eq. 1-2)
     "reward.lam": Setting("lambda, the cost weight of Eq. 1", within(0.0, MAX_WEIGHT),

@@ -77,12 +77,27 @@ def build_qwen3_encoder(config: Any) -> Encoder:
     )
 
 
+def build_static_encoder(config: Any) -> Encoder:
+    from rivet_jax.encoders.static import StaticEmbeddingEncoder
+
+    return StaticEmbeddingEncoder(
+        path=config_value(config, "path") or None,            # None / "": WordLlama's table from its package
+        tokenizer=config_value(config, "tokenizer") or None,  # ... and its tokenizer
+        # The table's first columns (Matryoshka); not `dim`, which configs set to the hashing encoder's width.
+        dim=config_value(config, "truncate_dim") or None,
+        max_length=config_value(config, "max_length") or None,  # None / 0: whole texts, as WordLlama embeds them
+        batch_size=config_value(config, "batch_size", 256),
+        max_batch_tokens=config_value(config, "max_batch_tokens", 65_536),
+    )
+
+
 # name -> builder taking the encoder config.
 ENCODER_BUILDERS: dict[str, Callable[[Any], Encoder]] = {
     "hashing": build_hashing_encoder,
     "minilm": build_bert_encoder,  # sentence-transformers BERT checkpoints; `path` optional
     "bert": build_bert_encoder,
     "qwen3": build_qwen3_encoder,  # Qwen3-Embedding; `path` required
+    "wordllama": build_static_encoder,  # static token embeddings, mean-pooled; default WordLlama's (pip wordllama)
 }
 
 
