@@ -103,8 +103,7 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     held = heldout.held_out(validation, first.pool, store, first.config.max_state_tokens, Reward(0.0, gamma, c_ref))
     logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))}
     requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
-    targets = [deploy.one_hot(deploy.choices(r.scores_from_embeddings(held.h, None, held.families), held, r.commit),
-                              len(first.pool))
+    targets = [deploy.one_hot(deploy.choices(deploy.router_scores(r, held), held, r.commit), len(first.pool))
                for r in routers.values()]  # each router's choice at every state, from the cached vectors
     targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
     features = held.features
@@ -214,7 +213,7 @@ def _verdict(config, router: Router, router_dir: Path, workdir: Path, simulated:
             return None
         store = embedding_store(config, router.encoder, workdir)
         held = heldout.held_out(test, router.pool, store, router.config.max_state_tokens, reward)
-        result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h, None, held.families), held, router.pool, floor,
+        result = judge_on_logs(MAIN, deploy.router_scores(router, held), held, router.pool, floor,
                                router.commit, cal.resamples, cal.seed + 1, reward, per_family=per_family)
     write_verdict(workdir, result)
     return result

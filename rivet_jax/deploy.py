@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -114,6 +114,30 @@ def choices(q: np.ndarray, held: HeldOut, commit: bool) -> np.ndarray:
     """(N,) the model chosen at every logged state from scores q (N, M) (unavailable: masked here)."""
     q = np.where(held.logs.available, q, -np.inf)
     return np.argmax(keep_previous(q, held.previous) if commit else q, axis=1)
+
+
+def distinct_rows(h: np.ndarray, groups: Sequence | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) the first index of each distinct (state embedding, group) among the rows of h (N, D), and (N,) each
+    row's position among those K: a router's scores are computed once per distinct state. On A/B logs a task's
+    first state recurs in the episode of every model (49 times on the large MINT pool)."""
+    position: dict = {}
+    first, inverse = [], np.empty(len(h), np.int64)
+    for i, row in enumerate(np.ascontiguousarray(h)):
+        key = (row.tobytes(), None if groups is None else groups[i])
+        if key not in position:
+            position[key] = len(first)
+            first.append(i)
+        inverse[i] = position[key]
+    return np.asarray(first, np.int64), inverse
+
+
+def read_rows(held: HeldOut, commit: bool) -> np.ndarray:
+    """(R,) the held-out states whose choice reads the scores: all of them, or for a committed router only the
+    first turns and those whose previous model is unavailable (`keep_previous`: elsewhere it keeps calling it)."""
+    if not commit:
+        return np.arange(len(held.h))
+    previous = np.maximum(held.previous, 0)
+    return np.flatnonzero((held.previous < 0) | ~held.logs.available[np.arange(len(held.h)), previous])
 
 
 def one_hot(chosen: np.ndarray, num_models: int) -> np.ndarray:  # (N,) -> (N, M) a deterministic target
@@ -216,6 +240,12 @@ class Scorer:
     train_families: Sequence[str] = ()      # (S,) the family of each training state ("" for none)
     _routers: dict = dataclasses.field(default_factory=dict)
     _centres: dict = dataclasses.field(default_factory=dict)
+    _distinct_train: tuple | None = None    # distinct_rows(train_h), computed once
+
+    @staticmethod
+    def key(candidate: Candidate) -> tuple:
+        """The checkpoint a candidate reads: candidates differing only in their recentring share it."""
+        return candidate.runs, candidate.stage, candidate.epoch
 
     @property
     def by_family(self) -> bool:
@@ -223,7 +253,7 @@ class Scorer:
         return bool(self.family_floors)
 
     def router(self, candidate: Candidate) -> Router:
-        key = (candidate.runs, candidate.stage, candidate.epoch)
+        key = self.key(candidate)
         if key not in self._routers:
             self._routers[key] = load_router(self.workdir, candidate)
         return self._routers[key]
@@ -231,9 +261,12 @@ class Scorer:
     def recentring(self, candidate: Candidate) -> Recentring | None:
         if candidate.k is None:
             return None
-        key = (candidate.runs, candidate.stage, candidate.epoch)  # one centre per checkpoint, whatever k
+        key = self.key(candidate)  # one centre per checkpoint, whatever k
         if key not in self._centres:
-            q = self.router(candidate).scores_from_embeddings(self.train_h).astype(np.float64)     # (S, M)
+            if self._distinct_train is None:
+                self._distinct_train = distinct_rows(self.train_h)
+            rows, inverse = self._distinct_train
+            q = self.raw_scores(candidate, self.train_h[rows])[inverse]                                 # (S, M)
             families = np.asarray(self.train_families, dtype=object)
             self._centres[key] = (q.mean(axis=0), {f: q[families == f].mean(axis=0) for f in self.family_floors
                                                    if (families == f).any()})
@@ -249,11 +282,18 @@ class Scorer:
         """The candidate as `Router.deployed` loads it."""
         return self.router(candidate).with_choice(self.choice(candidate))
 
-    def scores(self, candidate: Candidate, h: np.ndarray, families: Sequence[str | None] | None = None) -> np.ndarray:
-        """(N, M) at states h (N, D) of tasks of `families` (one per state; None: unknown)."""
-        q = self.router(candidate).scores_from_embeddings(h).astype(np.float64)
+    def raw_scores(self, candidate: Candidate, h: np.ndarray) -> np.ndarray:
+        """(N, M) the candidate's checkpoint's Q_route at states h (N, D), as trained."""
+        return self.router(candidate).scores_from_embeddings(h).astype(np.float64)
+
+    def recentred(self, candidate: Candidate, q: np.ndarray, families: Sequence[str | None] | None) -> np.ndarray:
+        """(N, M) the candidate's scores from its checkpoint's raw scores q (N, M) at states of `families`."""
         recentring = self.recentring(candidate)
         return q if recentring is None else recentring(q, families)
+
+    def scores(self, candidate: Candidate, h: np.ndarray, families: Sequence[str | None] | None = None) -> np.ndarray:
+        """(N, M) at states h (N, D) of tasks of `families` (one per state; None: unknown)."""
+        return self.recentred(candidate, self.raw_scores(candidate, h), families)
 
 
 def family_floors(per_family: BestPerFamilyRouter | None, pool: ModelPool) -> dict[str, np.ndarray]:
@@ -348,10 +388,47 @@ def candidate_rows(estimates: Estimates, floor_name: str | None = None) -> list[
     return rows
 
 
+def read_states(held: HeldOut, commit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """The states a choice reads (`read_rows`), each distinct one once: (R,) their rows, (R,) each one's position
+    among the K distinct, (K, D) the distinct embeddings and (K,) their families."""
+    read = read_rows(held, commit)
+    families = held.families
+    rows, inverse = distinct_rows(held.h[read], [families[i] for i in read])
+    return read, inverse, held.h[read[rows]], [families[read[i]] for i in rows]
+
+
+def scores_at(score: Callable[[np.ndarray, list], np.ndarray], held: HeldOut, commit: bool) -> np.ndarray:
+    """(N, M) scores at the held-out logged states as `choices` reads them, from score(h (K, D), families (K,)) ->
+    (K, M) called once, at the distinct states a choice reads (`read_states`); the rows no choice reads are 0. On
+    the large MINT pool's committed A/B logs that is 58 states of 11,000."""
+    read, inverse, at, at_families = read_states(held, commit)
+    q = np.zeros((len(held.h), held.logs.available.shape[1]))                                      # (N, M)
+    q[read] = np.asarray(score(at, at_families), np.float64)[inverse]
+    return q
+
+
+def router_scores(router: Router, held: HeldOut) -> np.ndarray:
+    """`scores_at` of a router (recentred and committed as it was deployed)."""
+    return scores_at(lambda h, families: router.scores_from_embeddings(h, None, families), held, router.commit)
+
+
+def held_scores(scorer: Scorer, candidates: Sequence[Candidate], held: HeldOut) -> Iterator[np.ndarray]:
+    """(N, M) each candidate's `scores_at` the held-out logged states, in order: each checkpoint scored once, and
+    every recentring of it reusing those scores (the choice among the large pool's 142 candidates takes seconds)."""
+    read, inverse, at, at_families = read_states(held, scorer.commit)
+    raw: dict[tuple, np.ndarray] = {}
+    for candidate in candidates:
+        key = scorer.key(candidate)
+        if key not in raw:
+            raw[key] = scorer.raw_scores(candidate, at)                                             # (K, M)
+        q = np.zeros((len(held.h), len(scorer.pool)))                                               # (N, M)
+        q[read] = scorer.recentred(candidate, raw[key], at_families)[inverse]
+        yield q
+
+
 def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: HeldOut) -> dict[str, np.ndarray]:
     """{candidate name: (N, M) its deterministic choice at every held-out logged state}."""
-    return {c.name: one_hot(choices(scorer.scores(c, held.h, held.families), held, scorer.commit),
-                           len(scorer.pool))
-            for c in chosen_candidates}
+    return {c.name: one_hot(choices(q, held, scorer.commit), len(scorer.pool))
+            for c, q in zip(chosen_candidates, held_scores(scorer, chosen_candidates, held))}
 
 

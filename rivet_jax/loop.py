@@ -164,7 +164,7 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     as_served = served.with_choice(dataclasses.replace(served.choice, commit=False))
 
     def targets(at: heldout.HeldOut) -> dict[str, np.ndarray]:
-        chosen = deploy.choices(as_served.scores_from_embeddings(at.h, None, at.families), at, False)
+        chosen = deploy.choices(deploy.router_scores(as_served, at), at, False)
         return {SERVED: deploy.one_hot(chosen, len(pool)), **deploy.targets_of(scorer, candidates, at)}
 
     log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "

@@ -135,7 +135,7 @@ def router_verdict(router: Router, workdir: Path, episodes: list[Episode], best_
     floor = deploy.floor_of(best_fixed, router.pool)
     store = embedding_store(config, router.encoder, workdir)
     held = heldout.held_out(episodes, router.pool, store, config.max_state_tokens, router.reward)
-    result = judge_on_logs(MAIN, router.scores_from_embeddings(held.h, None, held.families), held, router.pool, floor,
+    result = judge_on_logs(MAIN, deploy.router_scores(router, held), held, router.pool, floor,
                            router.commit, resamples, seed, router.reward, split, per_family)
     write_verdict(out, result)
     return result

@@ -253,7 +253,8 @@ def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer
                                    floor, dc.rollouts, dc.seed + 1, reward, dc.resamples, per_family=per_family)
     elif splits["test"]:
         held = heldout.held_out(splits["test"], pool, store, config.max_state_tokens, reward)
-        result = judge_on_logs(chosen.name, scorer.scores(chosen, held.h, held.families), held, pool, floor,
+        scores = next(deploy.held_scores(scorer, [chosen], held))   # as `choices` reads them
+        result = judge_on_logs(chosen.name, scores, held, pool, floor,
                                scorer.commit, dc.resamples, dc.seed + 1, reward, per_family=per_family)
     else:
         log("no held-out test tasks (config.data.holdout.test = 0): no verdict")

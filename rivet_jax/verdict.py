@@ -158,7 +158,8 @@ def per_family_of(train_episodes: Sequence[Episode], pool: ModelPool, reward: Re
 def judge_on_logs(name: str, scores: np.ndarray, held: heldout.HeldOut, pool: ModelPool, floor: np.ndarray,
                   commit: bool, resamples: int, seed: int, reward: Reward, split: str = "held-out test",
                   per_family: BestPerFamilyRouter | None = None) -> dict:
-    """The verdict of the router whose scores at the held-out logged states are `scores` (N, M), against the best
+    """The verdict of the router whose scores at the held-out logged states are `scores` (N, M) (only the rows
+    `deploy.choices` reads matter: `deploy.held_scores`), against the best
     fixed model of the training tasks (the best `floor`, (M,)), the best per family (`per_family_of`; None: none)
     and random; committed routing (`commit`) is estimated exactly where the logs allow (`heldout.log_estimates`)."""
     picks = deploy.choices(scores, held, commit)

@@ -1,6 +1,7 @@
 """The validated choice and the verdict (rivet_jax/deploy.py, verdict.py, pipeline.py): never worse than the best
 fixed model on validation, loaded by default, and a verdict whose every warning fires on the case it names."""
 
+import dataclasses
 import json
 
 import jax
@@ -111,6 +112,64 @@ def test_committed_estimates_are_the_logged_values_of_each_tasks_first_choice():
     returns = {(t, m): (-1 + 0.5 * (y - 1)) if m == "cat" else (y - 1) for (t, m), y in outcomes.items()}
     assert est.point[1, 0] == pytest.approx(np.mean(list(returns.values())))
     assert est.estimator == "committed" and est.tasks == 2
+
+
+class CountingScorer:
+    """The part of deploy.Scorer that `held_scores` reads: scores a fixed function of the state (and, recentred,
+    of its family), counting every state it is asked to score."""
+
+    pool, commit = POOL, True
+
+    def __init__(self, commit):
+        self.commit, self.scored = commit, []
+
+    key = staticmethod(deploy.Scorer.key)
+
+    def raw_scores(self, candidate, h):
+        self.scored.append(len(h))
+        return np.stack([np.sin(h.sum(axis=1) * (m + 1) + len(candidate.runs)) for m in range(3)], axis=1)
+
+    def scores(self, candidate, h, families):
+        return self.recentred(candidate, self.raw_scores(candidate, h), families)
+
+    def recentred(self, candidate, q, families):
+        if candidate.k is None:
+            return q
+        return candidate.k * q + np.array([[f == "math", 0.0, 0.1] for f in families])
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_held_scores_score_each_distinct_read_state_once_and_choose_as_full_scores_do(commit):
+    """A/B logs (every task's first state logged once per model) plus one episode whose previous model is
+    unavailable at its second turn: choices from `held_scores` equal those from scoring every state, and each
+    checkpoint is scored once, at the distinct states a choice reads (committed: first turns and that turn)."""
+    episodes = [ab_episode(t, m, 1, turns=3, family="math" if t == "t1" else "code")
+                for t in ("t1", "t2") for m in NAMES]
+    switch = Episode("t3/x", Task("t3", "Task t3", family="code"), (turn("ace"), turn("bee"), turn("bee")), 1)
+    logs = ope.read_logs(episodes + [switch], POOL, Reward(0.1, 1.0, 0.01))
+    available = logs.available.copy()
+    available[-2, 0] = False      # t3's second turn: ace (its previous model) unavailable there
+    logs = dataclasses.replace(logs, available=available)
+    rng = np.random.default_rng(0)
+    first_state = {"t1": rng.normal(size=4), "t2": rng.normal(size=4), "t3": rng.normal(size=4)}
+    h = np.array([first_state[e.task.id] if t == 0 else rng.normal(size=4) for e in logs.episodes
+                  for t in range(len(e.turns))], np.float32)
+    previous = np.array([logs.action[i - 1] if t else -1 for i, t in enumerate(
+        np.concatenate([np.arange(len(e.turns)) for e in logs.episodes]))])
+    held = heldout.HeldOut(logs, h, previous)
+    candidates = [deploy.Candidate("raw", ("r",), "td"), deploy.Candidate("k", ("r",), "td", 0.5),
+                  deploy.Candidate("other", ("r", "s"), "td", 0.5, by_family=True)]
+    scorer = CountingScorer(commit)
+    fast = deploy.targets_of(scorer, candidates, held)
+    full = {c.name: deploy.one_hot(deploy.choices(scorer.scores(c, held.h, held.families), held, commit), 3)
+            for c in candidates}
+    for name in full:
+        np.testing.assert_array_equal(fast[name], full[name])
+    # two checkpoints ("r" and "r","s"), each scored once; committed: 3 distinct first states + t3's second turn
+    assert scorer.scored[:2] == ([4, 4] if commit else [len(h) - 4] * 2)
+    rows, inverse = deploy.distinct_rows(h, held.families)
+    np.testing.assert_array_equal(h[rows][inverse], h)
+    assert len(rows) == len(h) - 4    # t1's and t2's first states recur in 3 episodes each: 2 + 2 repeats
 
 
 @pytest.mark.slow
