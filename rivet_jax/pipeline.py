@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +36,7 @@ from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
 from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
 from rivet_jax.envs.base import Env, RouterPolicy
+from rivet_jax.progress import Phases
 from rivet_jax.runs import member_seeds
 from rivet_jax.settings import with_overrides
 from rivet_jax.stage_run import stored_c_ref
@@ -84,10 +84,10 @@ def fit(config, workdir: str | Path, env: Env | None = None, on_epoch_end: Calla
     {"profile", "deploy" (the chosen candidate; None when nothing could be validated), "verdict" (None without test
     tasks), "verdict_text"}. `env`: the environment of the online stage and of exact rollouts (default: RouteSim for
     a config with `sim`)."""
-    workdir, started = Path(workdir), time.perf_counter()
+    workdir, phases = Path(workdir), Phases()
 
     def log(message: str) -> None:
-        logging.info("%s (%.0fs elapsed)", message, time.perf_counter() - started)
+        logging.info("%s (%s)", message, phases.mark(message))
 
     check_config(config)
     env = env if env is not None else (train.environment(config) if "sim" in config else None)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from typing import Callable
 
@@ -31,3 +33,23 @@ class Progress:
         left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
         self.log("%s: %d/%d done, %.0fs elapsed, about %.0fs left", self.what, self.done, self.total, elapsed,
                  max(left, 0.0))
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (VmHWM: what `/usr/bin/time -v` reports at the end)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1e9 if sys.platform == "darwin" else 1e6)   # bytes on macOS, kB on Linux
+
+
+class Phases:
+    """The seconds and the peak resident memory at each phase of a long job: the suffix of its progress lines, and
+    `record` ([{phase, seconds, peak_rss_gb}], for its results) to find where the time and the memory go."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock, self.started, self.record = clock, clock(), []
+
+    def mark(self, phase: str) -> str:
+        """Records `phase` as reached now; returns "<s>s elapsed, peak <GB> GB resident"."""
+        seconds, peak = self.clock() - self.started, peak_rss_gb()
+        self.record.append({"phase": phase, "seconds": round(seconds, 1), "peak_rss_gb": round(peak, 2)})
+        return f"{seconds:.0f}s elapsed, peak {peak:.1f} GB resident"

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rivet_jax.envs import collect
@@ -55,3 +56,27 @@ def test_progress_logs_rate_limited_lines_with_an_eta():
     # 5 s and 10 s are inside the first 20 s (quiet); 30 s logs (3 done, 10 s each, 2 left -> 20 s); 35 s is quiet;
     # the last unit always logs.
     assert lines == ["runs: 3/5 done, 30s elapsed, about 20s left", "runs: 5/5 done, 40s elapsed, about 0s left"]
+
+
+def test_phases_record_seconds_and_the_peak_resident_memory():
+    """Each phase's line and record carry the seconds since the start and the process's peak resident memory: the
+    kernel's VmHWM (what /usr/bin/time -v reports), which holds 200 MB touched just before."""
+    from rivet_jax.progress import Phases, peak_rss_gb
+
+    now = [10.0]
+    phases = Phases(clock=lambda: now[0])
+    now[0] = 12.5
+    line = phases.mark("load")
+    held = np.ones(200_000_000 // 8)   # 200 MB, touched
+    now[0] = 70.0
+    phases.mark("train")
+    assert [r["phase"] for r in phases.record] == ["load", "train"]
+    assert [r["seconds"] for r in phases.record] == [2.5, 60.0]
+    assert line.startswith("2s elapsed, peak ") and line.endswith(" GB resident")
+    assert float(line.split()[3]) == pytest.approx(phases.record[0]["peak_rss_gb"], abs=0.051)
+    status = Path("/proc/self/status")
+    if status.exists():   # Linux: the kernel's own counters
+        fields = dict(entry.split(":", 1) for entry in status.read_text().splitlines())
+        hwm, rss = (int(fields[k].split()[0]) / 1e6 for k in ("VmHWM", "VmRSS"))
+        assert peak_rss_gb() == pytest.approx(hwm, abs=0.01) and hwm >= rss >= held.nbytes / 1e9
+        assert phases.record[1]["peak_rss_gb"] >= held.nbytes / 1e9

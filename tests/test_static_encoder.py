@@ -9,6 +9,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
 from rivet_jax.encoders import Encoder, EmbeddingStore, make_encoder
+from rivet_jax.encoders import static
 from rivet_jax.encoders.static import StaticEmbeddingEncoder
 
 # Rows: [UNK], a, b, c. "c" is id 3; the tokenizer below also knows "d" = 4, one past the table (clipped to c).
@@ -51,6 +52,13 @@ def test_truncation_and_matryoshka_columns(hand_built):
     assert truncated.count_tokens("a b c") == 3   # counts ignore the truncation
     whole = StaticEmbeddingEncoder(*hand_built)
     assert len({whole.fingerprint, truncated.fingerprint, narrow.fingerprint}) == 3
+
+
+def test_texts_are_encoded_in_chunks_with_the_same_vectors(hand_built, monkeypatch):
+    texts = ["a", "a b", "", "c c a", "b", "d a"]
+    whole = StaticEmbeddingEncoder(*hand_built).encode(texts)
+    monkeypatch.setattr(static, "CHUNK_TEXTS", 4)   # two chunks, the second shorter
+    np.testing.assert_array_equal(StaticEmbeddingEncoder(*hand_built).encode(texts), whole)
 
 
 def test_the_fingerprint_follows_the_table(hand_built, tmp_path):

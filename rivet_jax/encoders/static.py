@@ -36,6 +36,9 @@ WORDLLAMA_WEIGHTS = "weights/l2_supercat_256.safetensors"
 WORDLLAMA_TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
 TABLE_KEY = "embedding.weight"   # the safetensors key WordLlama stores its table under
 LONGEST = 1 << 20                # tokens: the padded lengths are drawn from bucket_lengths(LONGEST)
+# Texts tokenized at once. The embedding store hands an encoder every text it misses in one call (116,000 states of
+# up to 16,384 tokens on the large MINT pool): their token lists all at once held 10 GB.
+CHUNK_TEXTS = 4096
 
 
 def wordllama_files() -> tuple[Path, Path]:
@@ -119,10 +122,10 @@ class StaticEmbeddingEncoder:
         return (f"{self.name}-jax-static-v{STATIC_VERSION}:dim={self.dim}:max_len={self.max_length or 0}"
                 f":checkpoint={self.checkpoint_sha256[:32]}")
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids (no special tokens), truncated to max_length when one is set, for each text."""
+    def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """(L_i,) int32 token ids (no special tokens), truncated to max_length when one is set, for each text."""
         encoded = self.tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
-        ids = [e.ids[:self.max_length] if self.max_length else e.ids for e in encoded]
+        ids = [np.asarray(e.ids[:self.max_length] if self.max_length else e.ids, np.int32) for e in encoded]
         if (longest := max(map(len, ids), default=0)) > self._buckets[-1]:
             raise ValueError(f"a text of {longest} tokens is longer than the static encoder's {self._buckets[-1]}: "
                              f"set max_length")
@@ -133,10 +136,14 @@ class StaticEmbeddingEncoder:
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """(N, dim) float32; row i the L2-normalised mean embedding of texts[i]."""
+        text_list = as_text_list(texts)
         forward = functools.partial(self._pooled, self.table)
-        pooled = run_batches(self.tokenize(as_text_list(texts)), forward, self.dim, buckets=self._buckets,
-                             batch_size=self.batch_size, max_batch_tokens=self.max_batch_tokens, pad_id=0,
-                             left_pad=False)
+        pooled = np.zeros((len(text_list), self.dim), np.float32)                                  # (N, dim)
+        for start in range(0, len(text_list), CHUNK_TEXTS):
+            chunk = self.tokenize(text_list[start:start + CHUNK_TEXTS])
+            pooled[start:start + len(chunk)] = run_batches(
+                chunk, forward, self.dim, buckets=self._buckets, batch_size=self.batch_size,
+                max_batch_tokens=self.max_batch_tokens, pad_id=0, left_pad=False)
         return l2_normalise_rows(pooled).astype(np.float32)
 
     def __repr__(self) -> str:

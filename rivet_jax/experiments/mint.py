@@ -54,6 +54,7 @@ from rivet_jax.experiments.mint_routers import (load_routers, load_stages, route
                                                 validated_commitment, value_error)
 from rivet_jax.experiments.report import (grouped_tables, plot_stage_preferences, post_error_section,
                                           stage_section, write_outputs)
+from rivet_jax.progress import Phases
 
 # Variants trained for every seed: name -> config overrides.
 RIVET, NO_RIVE, NO_RESPONSE = "RIVET", "RIVET w/o RIVE", "RIVET w/o response"
@@ -202,10 +203,10 @@ TABLES = {
 
 def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
-    started = time.perf_counter()
+    started, phases = time.perf_counter(), Phases()
 
     def log(message: str) -> None:
-        logging.info("%s (%.0fs elapsed)", message, time.perf_counter() - started)
+        logging.info("%s (%s)", message, phases.mark(message))
 
     log("[1/5] convert the MINT logs and split them by the manifest")
     data = MintData(config, workdir)
@@ -321,7 +322,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                                          for name, eps in committed_traces.items()
                                          for stage, shares in traces.stage_preferences(eps, data.pool.names).items()]}
     experiments.update(card_experiments)
-    meta = {"seconds": time.perf_counter() - started, "c_ref": data.c_ref, "reference_model": ref_model,
+    meta = {"seconds": time.perf_counter() - started, "phases": phases.record, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
             "summary": (f"MINT logs ({len(data.pool)} models, {len(data.tasks)} tasks), split train "
                         f"{len(data.split['train'])} / validation {len(data.split['validation'])} / test "

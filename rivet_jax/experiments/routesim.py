@@ -42,6 +42,7 @@ from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
+from rivet_jax.progress import Phases
 from rivet_jax.router import Router
 
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
@@ -251,12 +252,11 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
-    started = time.perf_counter()
-    phases = 6
+    started, phases = time.perf_counter(), Phases()
 
     def log(message: str, phase: int | None = None) -> None:
-        prefix = f"[phase {phase}/{phases}] " if phase else "  "
-        logging.info("%s%s (%.0fs elapsed)", prefix, message, time.perf_counter() - started)
+        prefix = f"[phase {phase}/6] " if phase else "  "
+        logging.info("%s%s (%s)", prefix, message, phases.mark(message))
 
     lam, rp = config.reward.lam, config.reproduce
     log("collect the logged corpus", 1)
@@ -352,7 +352,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     ensemble_note = ("" if rp.ensemble == 1 else
                      f"; RIVET (ours), RIVET Offline and RIVET Online average Q_route over {rp.ensemble} runs per seed "
                      f"(seed s: s, s + 1000, ...; `Router.ensemble`), every other RIVET row is one run per seed")
-    meta = {"seconds": time.perf_counter() - started, "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
+    meta = {"seconds": time.perf_counter() - started, "phases": phases.record,   # where the time and memory go
+            "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
             "rollouts_per_task": config.evaluate.rollouts_per_task,
             "summary": (f"RouteSim (`configs/routesim.py`), hashing encoder, lambda = {lam}, c_ref = {c_ref:.6f} "
                         f"(mean per-turn cost of the logged corpus). RIVET rows: mean ± standard deviation over "
