@@ -65,7 +65,11 @@ def test_the_fingerprint_follows_the_table(hand_built, tmp_path):
     weights, tokenizer = hand_built
     before = StaticEmbeddingEncoder(weights, tokenizer).fingerprint
     save_file({"embedding.weight": TABLE * 2}, weights)
-    assert StaticEmbeddingEncoder(weights, tokenizer).fingerprint != before
+    doubled = StaticEmbeddingEncoder(weights, tokenizer).fingerprint
+    other = Tokenizer(WordLevel({"[UNK]": 0, "b": 1, "a": 2, "c": 3}, unk_token="[UNK]"))   # a and b swapped
+    other.pre_tokenizer = Whitespace()
+    other.save(str(tmp_path / "other.json"))
+    assert len({before, doubled, StaticEmbeddingEncoder(weights, str(tmp_path / "other.json")).fingerprint}) == 3
 
 
 def test_bad_files_and_settings_are_refused_clearly(hand_built, tmp_path):

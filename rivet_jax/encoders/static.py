@@ -18,6 +18,7 @@ read for its two files, never imported (its import configures the root logger).
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,15 +113,16 @@ class StaticEmbeddingEncoder:
         self.tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.checkpoint_sha256 = checkpoint_digest(self.path.parent, [self.path.name]) + checkpoint_digest(
-            self.tokenizer_path.parent, [self.tokenizer_path.name])[:16]
+        # One digest over both files: the vectors change with either.
+        self.checkpoint_sha256 = hashlib.sha256("".join(
+            checkpoint_digest(file.parent, [file.name]) for file in (self.path, self.tokenizer_path)).encode()).hexdigest()
         self._buckets = bucket_lengths(max_length or LONGEST)
         self._pooled = jax.jit(mean_of_rows)
 
     @property
     def fingerprint(self) -> str:
         return (f"{self.name}-jax-static-v{STATIC_VERSION}:dim={self.dim}:max_len={self.max_length or 0}"
-                f":checkpoint={self.checkpoint_sha256[:32]}")
+                f":checkpoint={self.checkpoint_sha256[:16]}")
 
     def tokenize(self, texts: Sequence[str]) -> list[np.ndarray]:
         """(L_i,) int32 token ids (no special tokens), truncated to max_length when one is set, for each text."""
