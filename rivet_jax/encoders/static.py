@@ -114,8 +114,8 @@ class StaticEmbeddingEncoder:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         # One digest over both files: the vectors change with either.
-        self.checkpoint_sha256 = hashlib.sha256("".join(
-            checkpoint_digest(file.parent, [file.name]) for file in (self.path, self.tokenizer_path)).encode()).hexdigest()
+        digests = "".join(checkpoint_digest(file.parent, [file.name]) for file in (self.path, self.tokenizer_path))
+        self.checkpoint_sha256 = hashlib.sha256(digests.encode()).hexdigest()
         self._buckets = bucket_lengths(max_length or LONGEST)
         self._pooled = jax.jit(mean_of_rows)
 
