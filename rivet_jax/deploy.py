@@ -397,14 +397,20 @@ def read_states(held: HeldOut, commit: bool) -> tuple[np.ndarray, np.ndarray, np
     return read, inverse, held.h[read[rows]], [families[read[i]] for i in rows]
 
 
+def spread(held: HeldOut, read: np.ndarray, inverse: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(N, M) the scores q (K, M) of the distinct read states (`read_states`) at every held-out state; 0 where no
+    choice reads them."""
+    out = np.zeros((len(held.h), held.logs.available.shape[1]))                                    # (N, M)
+    out[read] = np.asarray(q, np.float64)[inverse]
+    return out
+
+
 def scores_at(score: Callable[[np.ndarray, list], np.ndarray], held: HeldOut, commit: bool) -> np.ndarray:
     """(N, M) scores at the held-out logged states as `choices` reads them, from score(h (K, D), families (K,)) ->
     (K, M) called once, at the distinct states a choice reads (`read_states`); the rows no choice reads are 0. On
     the large MINT pool's committed A/B logs that is 58 states of 11,000."""
     read, inverse, at, at_families = read_states(held, commit)
-    q = np.zeros((len(held.h), held.logs.available.shape[1]))                                      # (N, M)
-    q[read] = np.asarray(score(at, at_families), np.float64)[inverse]
-    return q
+    return spread(held, read, inverse, score(at, at_families))
 
 
 def router_scores(router: Router, held: HeldOut) -> np.ndarray:
@@ -421,9 +427,7 @@ def held_scores(scorer: Scorer, candidates: Sequence[Candidate], held: HeldOut) 
         key = scorer.key(candidate)
         if key not in raw:
             raw[key] = scorer.raw_scores(candidate, at)                                             # (K, M)
-        q = np.zeros((len(held.h), len(scorer.pool)))                                               # (N, M)
-        q[read] = scorer.recentred(candidate, raw[key], at_families)[inverse]
-        yield q
+        yield spread(held, read, inverse, scorer.recentred(candidate, raw[key], at_families))
 
 
 def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: HeldOut) -> dict[str, np.ndarray]:

@@ -48,8 +48,12 @@ class Phases:
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self.clock, self.started, self.record = clock, clock(), []
 
+    def seconds(self) -> float:
+        """Seconds since the job started."""
+        return self.clock() - self.started
+
     def mark(self, phase: str) -> str:
         """Records `phase` as reached now; returns "<s>s elapsed, peak <GB> GB resident"."""
-        seconds, peak = self.clock() - self.started, peak_rss_gb()
+        seconds, peak = self.seconds(), peak_rss_gb()
         self.record.append({"phase": phase, "seconds": round(seconds, 1), "peak_rss_gb": round(peak, 2)})
         return f"{seconds:.0f}s elapsed, peak {peak:.1f} GB resident"

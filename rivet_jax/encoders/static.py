@@ -102,7 +102,6 @@ class StaticEmbeddingEncoder:
         if dim is not None and not 1 <= dim <= table.shape[1]:
             raise ValueError(f"dim must be between 1 and the table's {table.shape[1]} columns, got {dim}")
         self.dim = int(dim or table.shape[1])
-        self.vocabulary = table.shape[0]
         self.max_length = max_length
         self.batch_size, self.max_batch_tokens = int(batch_size), int(max_batch_tokens)
         # Mean of the first `dim` columns = the first `dim` columns of the mean: slice the table once.

@@ -31,7 +31,6 @@ report.md, results.json, results/.
 from __future__ import annotations
 
 import functools
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -203,7 +202,7 @@ TABLES = {
 
 def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
-    started, phases = time.perf_counter(), Phases()
+    phases = Phases()
 
     def log(message: str) -> None:
         logging.info("%s (%s)", message, phases.mark(message))
@@ -322,7 +321,7 @@ def run_mint(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                                          for name, eps in committed_traces.items()
                                          for stage, shares in traces.stage_preferences(eps, data.pool.names).items()]}
     experiments.update(card_experiments)
-    meta = {"seconds": time.perf_counter() - started, "phases": phases.record, "c_ref": data.c_ref, "reference_model": ref_model,
+    meta = {"seconds": phases.seconds(), "phases": phases.record, "c_ref": data.c_ref, "reference_model": ref_model,
             "seeds": list(exp.seeds), "notes": data.notes,
             "summary": (f"MINT logs ({len(data.pool)} models, {len(data.tasks)} tasks), split train "
                         f"{len(data.split['train'])} / validation {len(data.split['validation'])} / test "

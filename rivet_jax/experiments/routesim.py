@@ -39,10 +39,9 @@ from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
-from rivet_jax.progress import Progress
+from rivet_jax.progress import Phases, Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
-from rivet_jax.progress import Phases
 from rivet_jax.router import Router
 
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
@@ -252,7 +251,7 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     workdir = Path(workdir)
-    started, phases = time.perf_counter(), Phases()
+    phases = Phases()
 
     def log(message: str, phase: int | None = None) -> None:
         prefix = f"[phase {phase}/6] " if phase else "  "
@@ -352,7 +351,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     ensemble_note = ("" if rp.ensemble == 1 else
                      f"; RIVET (ours), RIVET Offline and RIVET Online average Q_route over {rp.ensemble} runs per seed "
                      f"(seed s: s, s + 1000, ...; `Router.ensemble`), every other RIVET row is one run per seed")
-    meta = {"seconds": time.perf_counter() - started, "phases": phases.record,   # where the time and memory go
+    meta = {"seconds": phases.seconds(), "phases": phases.record,   # where the time and memory go
             "seeds": list(rp.seeds), "lambda": lam, "c_ref": c_ref,
             "rollouts_per_task": config.evaluate.rollouts_per_task,
             "summary": (f"RouteSim (`configs/routesim.py`), hashing encoder, lambda = {lam}, c_ref = {c_ref:.6f} "
