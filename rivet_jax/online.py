@@ -13,8 +13,9 @@ scored in one vmapped call, `router.RouterGroup`), every update step is one vmap
 episode was shorter sits the extra steps out), and validations of all runs are one batched rollout. Each run keeps
 its own checkpoints.
 
-The new replay lives on device in fixed-capacity arrays (R, capacity, ...) of embedding vectors, so adding a
-transition never changes a shape and nothing recompiles. Progress (state, the new replay's filled rows, counters)
+The new replay lives on device in arrays (R, capacity, ...) of embedding vectors; adding a transition changes no
+shape, and a chunk's capacity doubles when it fills (one more compile each time, at most a few per run: most runs
+stop early, and room for every pass held ~150 MB per run that they never filled). Progress (state, the new replay's filled rows, counters)
 is checkpointed per run at every validation under stage "online_progress", so a killed run resumes where it was.
 """
 
@@ -67,6 +68,12 @@ def _write_rows(replays: Batch, rows: Batch, run: jax.Array, start: jax.Array) -
     """`rows` (K, ...) written at [run, start:start + K] of the stacked replays (R, capacity, ...)."""
     return jax.tree.map(lambda buf, new: jax.lax.dynamic_update_slice(
         buf, new[None].astype(buf.dtype), (run, start) + (0,) * (new.ndim - 1)), replays, rows)
+
+
+def with_capacity(rows: Batch, capacity: int) -> Batch:
+    """A run's replay rows (K, ...) followed by empty rows (`empty_replay`'s) up to `capacity`, on device."""
+    empty = empty_replay(capacity - len(rows.action), rows.h_t.shape[1], rows.available.shape[1])
+    return jax.tree.map(lambda x, e: jnp.concatenate([jnp.asarray(x, e.dtype), e]), rows, empty)
 
 
 def pad_rows_to(rows: Batch, length: int) -> Batch:
@@ -212,49 +219,56 @@ class OnlineRun:
         self.saved.close()
 
 
-def _capacity(env, config) -> int:
-    # Room for every trajectory of every pass, plus one padded write past the last row.
+def max_rows(env, config) -> int:
+    """The new replay's largest capacity: every trajectory of every pass, plus one padded write past the last row."""
     return (config.online.max_passes * len(env.tasks(config.online.split)) + 1) * env.max_turns
 
 
+def first_capacity(config, max_turns: int, filled: int, most: int) -> int:
+    """A chunk's first capacity: the rows held so far and the trajectories up to the first possible early stop."""
+    trajectories = max(config.online.early_stop_after, config.online.validate_every)
+    return min(most, max(filled, 0) + (trajectories + 1) * max_turns)
+
+
 def open_run(config, workdir: Path, env: Env, prepared: PreparedData, template: TrainState, net, tx):
-    """(OnlineRun, state, new replay, filled rows): resumed from its progress checkpoint, or started from the
-    finished TD stage of `workdir`."""
+    """(OnlineRun, state, new replay's filled rows (num_new, ...), num_new): resumed from its progress checkpoint, or
+    started from the finished TD stage of `workdir` (no rows)."""
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
     saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1, repair=True)
     best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1, repair=True)
     run = OnlineRun(config, workdir, prepared, task_order(env, config), OnlineProgress(), best, saved,
                     checkpoint_meta(config, prepared, STAGE))
-    replay = empty_replay(_capacity(env, config), dim, num_models)
     if saved.latest_epoch() is not None:
         saved_meta = saved.restore_meta()
         check_resume(saved_meta, config, prepared, STAGE, str(saved.directory))
         num_new = int(saved_meta["num_new"])
         restored, _ = saved.restore({"state": saveable(template), "replay": empty_replay(num_new, dim, num_models)})
-        replay = jax.tree.map(lambda buf, rows: buf.at[:num_new].set(jnp.asarray(np.asarray(rows))), replay,
-                              restored["replay"])
         run.progress = OnlineProgress(**saved_meta["progress"])
         logging.info("Resuming online adaptation of %s after %d trajectories", workdir, run.progress.trajectories)
-        return run, from_saveable(restored["state"]), replay, num_new
+        return run, from_saveable(restored["state"]), restored["replay"], num_new
     params = finished_params(config, workdir, STAGE, prepared, template)
     # The online stream: the TD template's key (online states have TD's shapes) folded with the online stage's id.
-    return run, init_train_state(net, tx, params, jax.random.fold_in(template.key, STAGE_IDS[STAGE])), replay, 0
+    state = init_train_state(net, tx, params, jax.random.fold_in(template.key, STAGE_IDS[STAGE]))
+    return run, state, empty_replay(0, dim, num_models), 0
 
 
 class RunChunks:
     """The runs' states, new replays and values, stacked in chunks of `learner.runs_vmapped` runs: every run in one
     chunk on a GPU/TPU (one vmapped update per step for all), one run per chunk on a CPU (copying a run's state in
-    and out of a stacked step there costs more than the update itself; idle chunks are skipped)."""
+    and out of a stacked step there costs more than the update itself; idle chunks are skipped). A chunk's replays
+    grow (`reserve`) as they fill, up to `most` rows."""
 
-    def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch], mesh):
+    def __init__(self, runs: Sequence[OnlineRun], states: Sequence[TrainState], filled: Sequence[Batch], mesh,
+                 capacity: int, most: int):
         vmapped = runs_per_step(runs[0].config)  # 0: all of them; None: one at a time
         size = len(runs) if vmapped == 0 else vmapped or 1
         self.members = [list(range(i, min(i + size, len(runs)))) for i in range(0, len(runs), size)]
         self.states = [stack([states[r] for r in m]) for m in self.members]
-        self.replays = [stack([replays[r] for r in m]) for m in self.members]
+        self.replays = [stack([with_capacity(filled[r], capacity) for r in m]) for m in self.members]
         self.values = [run_values([LossWeights.of(runs[r].config) for r in m],
                                   [runs[r].prepared.data.replay for r in m])
                        for m in self.members]
+        self.mesh, self.most = mesh, most
         if mesh.size > 1:  # data parallel on this host's devices, as the offline stages
             self.states, self.replays, self.values = sharding.replicate((self.states, self.replays, self.values),
                                                                         mesh)
@@ -272,8 +286,17 @@ class RunChunks:
         c, i = self.where(r)
         return unstack(self.replays[c], i)
 
+    def reserve(self, c: int, rows: int) -> None:
+        """Room for `rows` rows in chunk c's replays: its capacity doubled (at most `most`) when short."""
+        capacity = self.replays[c].action.shape[1]
+        if rows > capacity:
+            grown = jax.vmap(functools.partial(with_capacity, capacity=min(max(rows, 2 * capacity), self.most)))
+            self.replays[c] = grown(self.replays[c])
+            if self.mesh.size > 1:
+                self.replays[c] = sharding.replicate(self.replays[c], self.mesh)
 
-def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], replays: Sequence[Batch],
+
+def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], filled: Sequence[Batch],
                    num_new: np.ndarray, env: Env, net, tx, on_validation: Callable[[dict], None] | None = None) -> None:
     """Steps `runs` (same shape signature and trajectory count; `net` and `tx` their network and optimizer) to
     their ends."""
@@ -285,7 +308,9 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
         logged = jax.tree.map(jnp.asarray, logged)
     if mesh.size > 1:
         logged = sharding.replicate(logged, mesh)
-    chunks = RunChunks(runs, states, replays, mesh)
+    most = max_rows(env, config)
+    chunks = RunChunks(runs, states, filled, mesh, first_capacity(config, env.max_turns, int(max(num_new)), most),
+                       most)
     update = make_group_update(net, tx, config, mesh)
     cards = np.asarray(first.data.embeddings[first.data.card_text])
     max_turns = env.max_turns
@@ -348,6 +373,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], repl
             rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
                                     Reward.of(runs[r].config, first.c_ref))
             c, i = chunks.where(r)
+            chunks.reserve(c, int(num_new[r]) + max_turns)
             chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
                                             jnp.int32(num_new[r]))
             lengths[r] = len(episode.turns)

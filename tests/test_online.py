@@ -97,3 +97,43 @@ def test_a_non_finite_online_loss_is_the_one_non_finite_error(tmp_path):
                                                            r"config \(online.lr=3e-05, reward.lam="):
         online.adapt_group([config], [tmp_path / "a"], make_routesim(config.sim), [broken])
     assert checkpointing.StageCheckpoints(tmp_path / "a", "online").latest_epoch() == 0  # only the offline router
+
+
+@pytest.mark.slow
+def test_a_replay_that_grows_as_it_fills_adapts_exactly_as_one_with_room_for_every_pass(tmp_path, monkeypatch):
+    """The new replay starts small and doubles when full: the updates read only filled rows, so the run equals one
+    whose replay had room for every trajectory of every pass from the start."""
+    config = tiny(tmp_path)
+    train.train(config, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    sim = make_routesim(config.sim)
+    monkeypatch.setattr(online, "first_capacity", lambda config, max_turns, filled, most: most)
+    roomy = adapt(config, tmp_path / "a", sim)
+    capacities = []
+    reserve = online.RunChunks.reserve
+
+    def recording_reserve(chunks, c, rows):
+        reserve(chunks, c, rows)
+        capacities.append(chunks.replays[c].action.shape[1])
+
+    monkeypatch.setattr(online.RunChunks, "reserve", recording_reserve)
+    monkeypatch.setattr(online, "first_capacity", lambda config, max_turns, filled, most: max_turns)
+    growing = adapt(config, tmp_path / "b", sim)
+    most = online.max_rows(sim, config)
+    grown = sorted(set(capacities))
+    assert len(grown) >= 3 and grown[-1] <= most                          # it grew, doubling, never past the most
+    assert all(b == min(2 * a, most) or b > 2 * a for a, b in zip(grown, grown[1:]))
+    for got, expected in zip(leaves(growing), leaves(roomy)):
+        np.testing.assert_array_equal(got, expected)
+    assert online.read_progress(tmp_path / "b") == online.read_progress(tmp_path / "a")
+
+
+def test_with_capacity_pads_a_runs_rows_with_empty_rows():
+    rows = online.empty_replay(2, 3, 4)._replace(action=np.array([5, 6], np.int32), h_t=np.ones((2, 3), np.float32))
+    padded = online.with_capacity(rows, 5)
+    empty = online.empty_replay(5, 3, 4)
+    assert padded.h_t.shape == (5, 3) and padded.available.shape == (5, 4)
+    np.testing.assert_array_equal(padded.action, [5, 6, 0, 0, 0])
+    np.testing.assert_array_equal(padded.h_t[:2], 1.0)
+    np.testing.assert_array_equal(padded.h_t[2:], 0.0)
+    np.testing.assert_array_equal(padded.available, empty.available)        # empty rows: every model available
