@@ -70,7 +70,8 @@ def return_freed_memory_to_the_os() -> bool:
     By default glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MB), after which
     XLA's buffers of a few MB come from the heap arenas of its many threads and stay resident once freed: online
     adaptation of the main job's 15 runs held 7 GB resident for 3 GB of live data, and the whole job grew to 15.6 GB.
-    Fixed thresholds keep it at what is live (measured: peak 3.7 GB, the same seconds). A no-op (False) off glibc."""
+    Fixed thresholds keep it near what is live (with the online replay grown as it fills: peak 3.6 GB, its time
+    within the machine's drift; docs/timing.md). A no-op (False) off glibc."""
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
