@@ -71,7 +71,7 @@ def pytest_unconfigure(config):
 
 # The files that take longest (measured with --durations, longest first: their fixtures run whole experiments),
 # handed out first of all.
-LONGEST = ("test_reproduce.py", "test_mint_experiment.py", "test_deploy.py", "test_train_router.py",
+LONGEST = ("test_live.py", "test_reproduce.py", "test_mint_experiment.py", "test_deploy.py", "test_train_router.py",
            "test_notebooks.py", "test_sharding.py", "test_run_group.py", "test_benchmark.py", "test_calibrate.py",
            "test_mint_large.py", "test_routesim.py", "test_serve.py")
 
