@@ -28,7 +28,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, evaluation, heldout, ope, plots, train
+from rivet_jax import deploy, evaluation, heldout, offpolicy, ope, plots, train
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.profile import profile_logs
 from rivet_jax.data.replay import Reward
@@ -98,14 +98,16 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     any lambda exactly as (1 - lambda) J_0 + lambda J_1, resample by resample."""
     first = next(iter(routers.values()))
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
-    names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in first.pool.names]
     store = embedding_store(config, first.encoder, workdir)  # the states' vectors, from the workdir's one cache
     held = heldout.held_out(validation, first.pool, store, first.config.max_state_tokens, Reward(0.0, gamma, c_ref))
+    references = offpolicy.reference_policies(first.pool, held.logs.available)   # the models available throughout
+    models = [m for m in first.pool.names if f"fixed:{m}" in references]
+    names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in models]
     logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))}
     requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
     targets = [deploy.one_hot(deploy.choices(deploy.router_scores(r, held), held, r.commit), len(first.pool))
                for r in routers.values()]  # each router's choice at every state, from the cached vectors
-    targets += [ope.target_distribution(FixedModelPolicy(m), requests, first.pool) for m in first.pool.names]
+    targets += [ope.target_distribution(references[f"fixed:{m}"], requests, first.pool) for m in models]
     features = held.features
     runs, ridge = [], None
     for lam in (0.0, 1.0):
@@ -127,7 +129,7 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
                 "return_lo": low, "return_hi": high}
 
     rows = [{"lambda": lam, "stage": stage, **at(p, lam)} for p, (lam, stage) in enumerate(routers)]
-    fixed = [{"model": m, **at(len(routers) + i, float(config.reward.lam))} for i, m in enumerate(first.pool.names)]
+    fixed = [{"model": m, **at(len(routers) + i, float(config.reward.lam))} for i, m in enumerate(models)]
     return rows, fixed
 
 

@@ -37,9 +37,26 @@ def targets_of(policies: dict[str, Policy], logs: ope.Logs, pool: ModelPool) -> 
     return {name: ope.target_distribution(policy, requests, pool) for name, policy in policies.items()}
 
 
-def reference_policies(pool: ModelPool) -> dict[str, Policy]:
-    """Every fixed model and the random router: the policies any log can be compared against."""
-    return {**{f"fixed:{m}": FixedModelPolicy(m) for m in pool.names}, RANDOM: RandomPolicy()}
+def reference_policies(pool: ModelPool, available: np.ndarray | None = None,
+                       fallback: Policy | None = None) -> dict[str, Policy]:
+    """Every fixed model and the random router: the policies any log can be compared against. A model missing at
+    some of the logged states (`available`, (N, M) bool) calls `fallback` there (the best fixed model of the
+    training logs); with no fallback it is left out, and said so."""
+    missing = missing_shares(pool, available)
+    if missing and fallback is None:
+        logging.warning("fixed models left out, not available at every held-out state (share missing): %s",
+                        ", ".join(f"{m} {share:.0%}" for m, share in missing.items()))
+    fixed = {f"fixed:{m}": FixedModelPolicy(m, fallback if m in missing else None) for m in pool.names
+             if m not in missing or fallback is not None}
+    return {**fixed, RANDOM: RandomPolicy()}
+
+
+def missing_shares(pool: ModelPool, available: np.ndarray | None) -> dict[str, float]:
+    """The share of the logged states at which each model that is missing somewhere is not available."""
+    if available is None:
+        return {}
+    share = 1.0 - available.mean(axis=0)                                                              # (M,)
+    return {m: float(s) for m, s in zip(pool.names, share) if s > 0}
 
 
 def log_baselines(router: Router, workdir: Path, everything: bool) -> dict[str, Policy]:
@@ -108,12 +125,14 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     held = heldout.held_out(episodes, router.pool, embedding_store(config, router.encoder, workdir),
                            config.max_state_tokens, router.reward)
     logs = held.logs
-    policies = {MAIN: RouterPolicy(router), **log_baselines(router, workdir, baselines),
-                **reference_policies(router.pool)}
+    fitted = log_baselines(router, workdir, baselines)
+    policies = {MAIN: RouterPolicy(router), **fitted,
+                **reference_policies(router.pool, logs.available, fitted.get(BEST_FIXED))}
     targets = targets_of(policies, logs, router.pool)
     features = held.features  # the states' vectors from the workdir's embedding cache
     result = ope.evaluate(logs, targets, features, resamples=resamples, seed=seed, ridge=ridge)
-    result.update({"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
+    result.update({"fixed_fallback": {m: share for m, share in missing_shares(router.pool, logs.available).items()
+                                      if f"fixed:{m}" in policies},"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
                    "gamma": config.reward.gamma, "c_ref": router.c_ref, "seconds": time.perf_counter() - started})
     write_result(Path(out or workdir), "ope", result, estimates_table(result))
     if BEST_FIXED in policies:
@@ -168,6 +187,7 @@ def estimates_table(result: dict) -> str:
              "supported episodes in which the policy chose the logged model at every turn; ESS: their effective "
              "number. (thin): fewer than 10 followed, so IS and WIS rest on a handful of episodes and their interval "
              "cannot show the weight of the trajectories no episode took; read FQE and DR there.", "",
+             *fallback_note(result.get("fixed_fallback", {})),
              "| policy | estimator | J [95%] | success [95%] | cost $/episode [95%] | followed | ESS |",
              "|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
@@ -175,6 +195,15 @@ def estimates_table(result: dict) -> str:
         lines.append(f"| {row['policy']} | {row['estimator']}{thin(row)} | {interval(row, 'return', 3)} | "
                      f"{interval(row, 'success', 3)} | {interval(row, 'cost', 5)} | {support} |")
     return "\n".join(lines)
+
+
+def fallback_note(fallback: dict[str, float]) -> list[str]:
+    """A line naming the fixed models that were not available at every held-out state (and how often)."""
+    if not fallback:
+        return []
+    shares = ", ".join(f"{m} {share:.0%}" for m, share in fallback.items())
+    return [f"Not available at every held-out state, so {BEST_FIXED} decides there (the share of states): "
+            f"{shares}.", ""]
 
 
 def write_result(directory: Path, name: str, result: dict, table: str) -> None:

@@ -59,7 +59,6 @@ Evaluate on held-out logs.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -70,6 +69,7 @@ from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import Policy, RandomPolicy, Request, decide
+from rivet_jax.progress import Progress
 
 CHANNELS = ("return", "success", "cost")
 ESTIMATORS = ("IS", "WIS", "FQE", "DR", "WDR")
@@ -316,10 +316,12 @@ def choose_ridge(logs: Logs, features: np.ndarray, targets: np.ndarray, iteratio
     fold = np.random.default_rng(seed).permutation(len(logs.episodes))[episode_of_rows(logs)] % folds   # (N,)
     following = np.where(logs.terminal, 0, np.arange(len(fold)) + 1)
     errors = {}
+    progress = Progress(f"OPE: FQE fits choosing the ridge penalty ({targets.shape[0]} policies)", len(RIDGES) * folds)
     for ridge in RIDGES:
         errors[ridge] = 0.0
         for k in range(folds):
             fitted = fit_fqe(logs, features, targets, (fold != k).astype(float), ridge, iterations)
+            progress.step()
             value, logged = fitted.value[..., 0], fitted.logged[..., 0]                               # (N, P)
             future = np.where(logs.terminal[:, None], 0.0, value[following])
             td = logs.reward[:, None, 0] + logs.discount[0] * future - logged
@@ -449,12 +451,10 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     ridge = chosen.get("ridge", ridge)
     ones = np.ones(len(logs.episodes))
     point = estimates(logs, stacked, weights, support.episodes, features, ones, ridge, iterations)
-    boot, started = [], time.perf_counter()
+    boot, progress = [], Progress(f"OPE bootstrap resamples ({len(names)} policies)", resamples)
     for b, counts in enumerate(bootstrap_counts(task_clusters(logs), resamples, seed)):
         boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations))
-        if time.perf_counter() - started > 20 and (b + 1) % max(1, resamples // 10) == 0:
-            logging.info("OPE bootstrap: %d/%d resamples of %d policies (%.0fs)", b + 1, resamples, len(names),
-                         time.perf_counter() - started)
+        progress.step()
     tail = 100 * (1 - level) / 2
     rows = []
     for p, (name, stats) in enumerate(zip(names, support_stats(weights))):

@@ -234,6 +234,49 @@ def test_evaluate_logs_end_to_end(tiny_router):
     assert "| RIVET (ours) | DR |" in table and "| fixed:apex-pro | IS (thin) |" in table
 
 
+def test_a_fixed_model_missing_at_a_state_calls_the_fallback_there_or_is_left_out(caplog):
+    logs = ope.read_logs(hand_episodes(), POOL, Reward(0.0, 1.0, 1.0))
+    available = np.ones((7, 2), bool)                 # 7 logged states; model b is missing at the second
+    available[1, 1] = False
+    logs = dataclasses.replace(logs, available=available)
+    assert offpolicy.missing_shares(POOL, available) == {"b": pytest.approx(1 / 7)}
+
+    references = offpolicy.reference_policies(POOL, available, fallback=FixedModelPolicy("a"))
+    assert set(references) == {"fixed:a", "fixed:b", "random"}
+    target = ope.target_distribution(references["fixed:b"], ope.state_requests(logs, POOL), POOL)
+    expected = np.tile([0.0, 1.0], (7, 1))
+    expected[1] = [1.0, 0.0]                           # the fallback's model where b is missing
+    np.testing.assert_array_equal(target, expected)
+
+    with caplog.at_level("WARNING"):
+        alone = offpolicy.reference_policies(POOL, available)
+    assert set(alone) == {"fixed:a", "random"} and "b 14%" in caplog.text
+    with pytest.raises(ValueError, match="'b' is not available"):
+        ope.target_distribution(FixedModelPolicy("b"), ope.state_requests(logs, POOL), POOL)
+
+
+@pytest.mark.slow
+def test_evaluate_logs_on_logs_where_a_model_is_missing_on_some_tasks(tiny_router):
+    """Logs of many models seldom hold every model on every task: the fixed model's row falls back to the best
+    fixed model there, and the report says where."""
+    config, workdir, corpus = tiny_router
+    sim = make_routesim(config.sim)
+    heldout = workdir / "heldout_missing"
+    episodes = collect.collect_corpus(sim, "test", seed=5)
+    missing, others = sim.pool.names[0], tuple(sim.pool.names[1:])
+    first_task = episodes[0].task.id
+    episodes = [e if e.task.id != first_task or e.turns[0].model == missing else
+                dataclasses.replace(e, turns=tuple(dataclasses.replace(t, available=others) for t in e.turns))
+                for e in episodes]
+    collect.write_corpus(heldout, sim, episodes)
+    out = workdir / "missing_out"
+    result = offpolicy.evaluate_logs(workdir / "train", heldout / collect.EPISODES_FILE, heldout / collect.CARDS_FILE,
+                                     baselines=False, resamples=10, out=out)
+    assert set(result["fixed_fallback"]) == {missing} and 0 < result["fixed_fallback"][missing] < 0.2
+    assert f"fixed:{missing}" in {r["policy"] for r in result["rows"]}
+    assert f"so Best fixed (train) decides there (the share of states): {missing}" in (out / "ope.md").read_text()
+
+
 def test_launcher_names_the_missing_logs(tmp_path, capfd, monkeypatch):
     monkeypatch.chdir(REPO)
     done = run_launcher(capfd, "evaluate_logs", f"--workdir={tmp_path}")

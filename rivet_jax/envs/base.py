@@ -55,16 +55,19 @@ def decide(policy: Policy, requests: Sequence[Request]) -> list[tuple[str, float
 
 
 class FixedModelPolicy:
-    """Always the same model (deterministic: propensity 1)."""
+    """Always the same model (deterministic: propensity 1); where it is not available, `fallback`'s choice (logs of
+    many models rarely hold every model on every task), or without one an error."""
 
-    def __init__(self, model: str):
-        self.model = model
+    def __init__(self, model: str, fallback: "Policy | None" = None):
+        self.model, self.fallback = model, fallback
         self.name = f"fixed:{model}"
 
     def act(self, task, history, available, rng):
-        if self.model not in available:
-            raise ValueError(f"{self.name}: model {self.model!r} is not available ({list(available)})")
-        return self.model, 1.0
+        if self.model in available:
+            return self.model, 1.0
+        if self.fallback is not None:
+            return self.fallback.act(task, history, available, rng)
+        raise ValueError(f"{self.name}: model {self.model!r} is not available ({list(available)})")
 
 
 class RandomPolicy:
