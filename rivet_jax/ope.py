@@ -249,8 +249,9 @@ class FittedQ:
 
 def fitted_at(fitted: FittedQ, logs: Logs, features: np.ndarray, targets: np.ndarray) -> FittedQ:
     """A fitted Q read at other logs' states (features (N', D), targets (P, N', M)): the cross-fitted model."""
-    q = q_values(features.astype(np.float32), fitted.coef)                                          # (N', M, P, C)
-    return FittedQ(policy_values(targets, q), q[np.arange(len(features)), logs.action], fitted.coef)
+    narrow = features.astype(np.float32)
+    return FittedQ(policy_values(targets, narrow, fitted.coef, choosers(targets)),
+                   logged_q(narrow, fitted.coef, logs.action), fitted.coef)
 
 
 def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.ndarray, ridge: float,
@@ -269,30 +270,52 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
     varies = features.min(axis=0) != features.max(axis=0)
     penalty = np.diag(ridge * np.where(varies, 1.0, 1e-6))                                         # (D, D)
     inverses = [np.linalg.inv(features[rows].T @ x + penalty) for rows, x in zip(called, weighted)]
-    narrow = features.astype(np.float32)  # for `q_values`
+    narrow = features.astype(np.float32)  # for `policy_values`
+    chosen_by = choosers(targets)
     following = np.where(logs.terminal, 0, np.arange(num_states) + 1)                              # next state's row
     coef = np.zeros((dim, num_models, num_policies, logs.reward.shape[1]))                         # (D, M, P, C)
     for _ in range(iterations):
-        value = policy_values(targets, q_values(narrow, coef))                                      # (N, P, C)
+        value = policy_values(targets, narrow, coef, chosen_by)                                     # (N, P, C)
         future = np.where(logs.terminal[:, None, None], 0.0, value[following])
         y = logs.reward[:, None, :] + logs.discount[None, None, :] * future                         # (N, P, C)
         flat = y.reshape(num_states, -1)                                                            # (N, P C)
         coef = np.stack([inverse @ (x.T @ flat[rows])
                          for inverse, rows, x in zip(inverses, called, weighted)], axis=1).reshape(coef.shape)
-    q = q_values(narrow, coef)                                                                      # (N, M, P, C)
-    return FittedQ(policy_values(targets, q), q[np.arange(num_states), logs.action], coef)
+    return FittedQ(policy_values(targets, narrow, coef, chosen_by), logged_q(narrow, coef, logs.action), coef)
 
 
-def policy_values(targets: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """V_p(s) = sum_m pi_p(m | s) Q_p(s, m): targets (P, N, M), q (N, M, P, C) -> (N, P, C)."""
-    return (targets.transpose(1, 2, 0)[..., None] * q).sum(axis=1)
+def choosers(targets: np.ndarray) -> list[np.ndarray]:
+    """For each model m, the policies that choose it at some state: targets (P, N, M) -> M arrays of indices."""
+    return [np.flatnonzero(chooses) for chooses in targets.any(axis=1).T]
 
 
-def q_values(features: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """Q(s, m) = [h(s), 1] . W_m (N, M, P, C) at every logged state, every model, policy and channel: one product,
-    in float32 (the fit's most repeated step, several times faster; its rounding is far below the sampling error)."""
-    flat = features @ coef.reshape(coef.shape[0], -1).astype(np.float32)                          # features: float32
-    return flat.astype(np.float64).reshape(features.shape[0], *coef.shape[1:])
+def policy_values(targets: np.ndarray, features: np.ndarray, coef: np.ndarray,
+                  chosen_by: Sequence[np.ndarray]) -> np.ndarray:
+    """V_p(s) = sum_m pi_p(m | s) Q_p(s, m) with Q_p(s, m) = [h(s), 1] . W[:, m, p]: targets (P, N, M), features (N, D)
+    float32, coef (D, M, P, C) -> (N, P, C).
+
+    Q is computed only for the policies that ever choose each model (`choosers`): with a fixed model per model among
+    the policies, all models' Q for all policies (N x D x M x P x C) made FQE on 49 models and 53 policies take
+    minutes a fit; most of those policies never choose most models. In float32 (the fit's most repeated step, several
+    times faster; its rounding is far below the sampling error)."""
+    num_states, channels = features.shape[0], coef.shape[-1]
+    value = np.zeros((num_states, coef.shape[2], channels))
+    for m, policies in enumerate(chosen_by):
+        if policies.size:
+            q = features @ coef[:, m][:, policies].reshape(coef.shape[0], -1).astype(np.float32)  # (N, P_m C)
+            value[:, policies] += (targets[policies, :, m].T[..., None]
+                                   * q.astype(np.float64).reshape(num_states, policies.size, channels))
+    return value
+
+
+def logged_q(features: np.ndarray, coef: np.ndarray, action: np.ndarray) -> np.ndarray:
+    """Q_p(s, a_s) at the logged model of every state, for every policy and channel: (N, P, C)."""
+    q = np.zeros((features.shape[0], *coef.shape[2:]))
+    for m in np.unique(action):
+        rows = np.flatnonzero(action == m)
+        flat = features[rows] @ coef[:, m].reshape(coef.shape[0], -1).astype(np.float32)         # (R_m, P C)
+        q[rows] = flat.astype(np.float64).reshape(len(rows), *coef.shape[2:])
+    return q
 
 
 # ----------------------------------------------------------------------------------------------------- together

@@ -315,3 +315,21 @@ def test_fqe_is_linear_in_lambda_so_two_fits_give_every_lambda():
     assert point[0.3] == pytest.approx(0.7 * point[0.0] + 0.3 * point[1.0])
     draws = {lam: fit["draws"]["FQE"][:, 0, 0] for lam, fit in fits.items()}
     np.testing.assert_allclose(draws[0.3], 0.7 * draws[0.0] + 0.3 * draws[1.0], rtol=1e-6)  # float32 products
+
+
+def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over_every_model():
+    rng = np.random.default_rng(0)
+    num_states, dim, models, channels = 40, 6, 5, 3
+    features = rng.normal(size=(num_states, dim)).astype(np.float32)
+    coef = rng.normal(size=(dim, models, 4, channels))
+    always = lambda m: np.eye(models)[np.full(num_states, m)]                              # (N, M) one-hot
+    mixed = rng.dirichlet(np.ones(models), size=num_states) * (rng.random((num_states, models)) < 0.5)
+    targets = np.stack([always(0), always(3), mixed / mixed.sum(1, keepdims=True).clip(1e-9), always(3)])
+    dense = np.einsum("nd,dmpc,pnm->npc", features.astype(np.float64), coef, targets)      # every model's Q, summed
+    chosen_by = ope.choosers(targets)
+    assert [list(p) for p in chosen_by][3] == [1, 2, 3] and 0 not in chosen_by[1]           # model 3: only those
+    np.testing.assert_allclose(ope.policy_values(targets, features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
+    action = rng.integers(models, size=num_states)
+    np.testing.assert_allclose(ope.logged_q(features, coef, action),
+                               np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
+                               rtol=1e-5, atol=1e-5)
