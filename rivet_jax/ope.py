@@ -250,7 +250,7 @@ class FittedQ:
 def fitted_at(fitted: FittedQ, logs: Logs, features: np.ndarray, targets: np.ndarray) -> FittedQ:
     """A fitted Q read at other logs' states (features (N', D), targets (P, N', M)): the cross-fitted model."""
     narrow = features.astype(np.float32)
-    return FittedQ(policy_values(targets, narrow, fitted.coef, choosers(targets)),
+    return FittedQ(policy_values(narrow, fitted.coef, choosers(targets)),
                    logged_q(narrow, fitted.coef, logs.action), fitted.coef)
 
 
@@ -275,36 +275,41 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
     following = np.where(logs.terminal, 0, np.arange(num_states) + 1)                              # next state's row
     coef = np.zeros((dim, num_models, num_policies, logs.reward.shape[1]))                         # (D, M, P, C)
     for _ in range(iterations):
-        value = policy_values(targets, narrow, coef, chosen_by)                                     # (N, P, C)
-        future = np.where(logs.terminal[:, None, None], 0.0, value[following])
+        value = policy_values(narrow, coef, chosen_by)                                     # (N, P, C)
+        future = value[following]
+        future[logs.terminal] = 0.0
         y = logs.reward[:, None, :] + logs.discount[None, None, :] * future                         # (N, P, C)
         flat = y.reshape(num_states, -1)                                                            # (N, P C)
         coef = np.stack([inverse @ (x.T @ flat[rows])
                          for inverse, rows, x in zip(inverses, called, weighted)], axis=1).reshape(coef.shape)
-    return FittedQ(policy_values(targets, narrow, coef, chosen_by), logged_q(narrow, coef, logs.action), coef)
+    return FittedQ(policy_values(narrow, coef, chosen_by), logged_q(narrow, coef, logs.action), coef)
 
 
-def choosers(targets: np.ndarray) -> list[np.ndarray]:
-    """For each model m, the policies that choose it at some state: targets (P, N, M) -> M arrays of indices."""
-    return [np.flatnonzero(chooses) for chooses in targets.any(axis=1).T]
+def choosers(targets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each model m, the policies that choose it at some state and their probabilities of it at every state:
+    targets (P, N, M) -> M pairs ((P_m,) policy indices, (N, P_m, 1) probabilities); computed once per fit."""
+    pairs = []
+    for m, chooses in enumerate(targets.any(axis=1).T):
+        policies = np.flatnonzero(chooses)
+        pairs.append((policies, targets[policies, :, m].T[..., None]))
+    return pairs
 
 
-def policy_values(targets: np.ndarray, features: np.ndarray, coef: np.ndarray,
-                  chosen_by: Sequence[np.ndarray]) -> np.ndarray:
-    """V_p(s) = sum_m pi_p(m | s) Q_p(s, m) with Q_p(s, m) = [h(s), 1] . W[:, m, p]: targets (P, N, M), features (N, D)
-    float32, coef (D, M, P, C) -> (N, P, C).
+def policy_values(features: np.ndarray, coef: np.ndarray, chosen_by: Sequence[tuple[np.ndarray, np.ndarray]]
+                  ) -> np.ndarray:
+    """V_p(s) = sum_m pi_p(m | s) Q_p(s, m) with Q_p(s, m) = [h(s), 1] . W[:, m, p]: features (N, D) float32, coef
+    (D, M, P, C), the policies choosing each model (`choosers`) -> (N, P, C).
 
-    Q is computed only for the policies that ever choose each model (`choosers`): with a fixed model per model among
-    the policies, all models' Q for all policies (N x D x M x P x C) made FQE on 49 models and 53 policies take
-    minutes a fit; most of those policies never choose most models. In float32 (the fit's most repeated step, several
-    times faster; its rounding is far below the sampling error)."""
+    Q is computed only for the policies that ever choose each model: with a fixed model per model among the
+    policies, all models' Q for all policies (N x D x M x P x C) made FQE on 49 models and 53 policies take minutes
+    a fit; most of those policies never choose most models. In float32 (the fit's most repeated step, several times
+    faster; its rounding is far below the sampling error)."""
     num_states, channels = features.shape[0], coef.shape[-1]
     value = np.zeros((num_states, coef.shape[2], channels))
-    for m, policies in enumerate(chosen_by):
+    for m, (policies, probability) in enumerate(chosen_by):
         if policies.size:
             q = features @ coef[:, m][:, policies].reshape(coef.shape[0], -1).astype(np.float32)  # (N, P_m C)
-            value[:, policies] += (targets[policies, :, m].T[..., None]
-                                   * q.astype(np.float64).reshape(num_states, policies.size, channels))
+            value[:, policies] += probability * q.reshape(num_states, policies.size, channels)
     return value
 
 

@@ -327,8 +327,8 @@ def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over
     targets = np.stack([always(0), always(3), mixed / mixed.sum(1, keepdims=True).clip(1e-9), always(3)])
     dense = np.einsum("nd,dmpc,pnm->npc", features.astype(np.float64), coef, targets)      # every model's Q, summed
     chosen_by = ope.choosers(targets)
-    assert [list(p) for p in chosen_by][3] == [1, 2, 3] and 0 not in chosen_by[1]           # model 3: only those
-    np.testing.assert_allclose(ope.policy_values(targets, features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
+    assert list(chosen_by[3][0]) == [1, 2, 3] and 0 not in chosen_by[1][0]                 # model 3: only those
+    np.testing.assert_allclose(ope.policy_values(features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
     action = rng.integers(models, size=num_states)
     np.testing.assert_allclose(ope.logged_q(features, coef, action),
                                np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
