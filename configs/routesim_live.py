@@ -51,4 +51,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.deploy.seeds = 2
         # Two conservatism settings and one shrinkage: 20 candidates a round instead of 86, every step still taken
         config.deploy.alphas, config.deploy.cql_on, config.deploy.shrinkage = (0.0, 0.1), ("all",), (0.5,)
+        config.loop.warm_epochs = 2
     return config

@@ -9,10 +9,13 @@ swaps in whatever it names next. A round:
      round's data stay fixed (and a resumed round the same) while the proxy records on
   2. retrain: the runs of `pipeline.train_runs` (every conservatism setting) in W/rounds/<r>, on a split that
      extends W's (W's tasks keep their split; each new task is hashed into validation with probability
-     `config.loop.holdout`, else train), rewards at the served router's c_ref: every round in the same units
-  3. the candidates: every stage, kept epoch, ensemble and shrinkage of those runs (`pipeline.candidates_of`) and
-     the served router (`SERVED`), each choosing as the proxy serves it: every turn afresh (the proxy's
-     conversations carry no model names, so no router commits behind it)
+     `config.loop.holdout`, else train), rewards at the served router's c_ref: every round in the same units;
+     and, when the served router routes, its runs trained on from the parameters it serves (`warm_configs`: TD at
+     `config.loop.warm_lr` for `config.loop.warm_epochs`, in W/rounds/<r>/warm/<i>). A fine-tuned router departs
+     from the served one at few states, so its paired gain over it is estimated on few disagreements
+  3. the candidates: every stage, kept epoch, ensemble and shrinkage of those runs (`pipeline.candidates_of`), the
+     warm runs' (named `warm ...`), and the served router (`SERVED`), each choosing as the proxy serves it: every
+     turn afresh (the proxy's conversations carry no model names, so no router commits behind it)
   4. their value on the held-out recorded episodes (validation tasks, exact propensities): doubly robust with
      FQE's model cross-fitted on the round's training episodes, every candidate paired with the served router on
      the same task-clustered bootstrap resamples, on each half of the held-out tasks alone (`task_halves`)
@@ -38,7 +41,8 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
-from rivet_jax import deploy, heldout, pipeline
+from rivet_jax import deploy, heldout, pipeline, train
+from rivet_jax.checkpointing import StageCheckpoints
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards, write_episodes
@@ -51,6 +55,7 @@ from rivet_jax.settings import with_overrides
 from rivet_jax.workdir_lock import hold_workdir
 
 SERVED = "served"
+WARM = "warm"   # the warm candidates' runs: W/rounds/<r>/warm/<i>
 ROUNDS_FILE = "rounds.jsonl"
 
 __all__ = ["SERVED", "ROUNDS_FILE", "Round", "decide", "task_halves", "learn", "finish", "rounds_of", "append_round",
@@ -102,6 +107,32 @@ def settle(workdir: Path) -> None:
         deploy.write_deployment(workdir, spec, {"promoted_by": "launch.loop", "round": rounds[-1]["round"]})
 
 
+def warm_dirs(count: int) -> tuple[str, ...]:
+    """The warm runs' directories in a round's directory."""
+    return tuple(f"{WARM}/{i}" for i in range(count))
+
+
+def warm_configs(config, workdir: Path, served: dict) -> list:
+    """Step 2's warm runs: one per run of the served router (`served`, W/deploy.json's deploy section), TD from the
+    checkpoint it serves (`warm_start`) for `config.loop.warm_epochs` at `config.loop.warm_lr`, with the run's own
+    seed and loss (its conservatism). None when the served router is a fixed model (scores that read no Q_route:
+    nothing learned to start from) or warm_epochs is 0."""
+    recentring = served.get("recentring")
+    if not int(config.loop.warm_epochs) or (recentring is not None and float(recentring["k"]) == 0):
+        return []
+    at = served["stage"] + ("" if served.get("epoch") is None else f"@{served['epoch']}")
+    out = []
+    for run in served["runs"]:
+        checkpoints = StageCheckpoints(workdir / run, served["stage"], max_to_keep=None)
+        trained_with = checkpoints.restore_meta(served.get("epoch"))["config"]
+        checkpoints.close()
+        out.append(with_overrides(config, {
+            "stage": "td", "warm_start": f"{(workdir / run).resolve()}:{at}", "seed": trained_with["seed"],
+            "td_epochs": int(config.loop.warm_epochs), "optim.lr": float(config.loop.warm_lr),
+            **{f"loss.{key}": value for key, value in trained_with["loss"].items() if key in config.loss}}))
+    return out
+
+
 @dataclasses.dataclass
 class Round:
     """A round's decision (not yet recorded or deployed): the record for rounds.jsonl and, promoted, the
@@ -145,8 +176,14 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         "data.holdout.test": 0.0, "reward.c_ref": float(served.c_ref),
         "data.embedding_cache": str(cache_dir(config, workdir))})
     log(f"round {number}: retraining on {round_config.data.episodes} into {round_dir}")
+    warm = warm_configs(round_config, workdir, read_deployment_spec(workdir))
     with hold_workdir(round_dir):
         trained = pipeline.train_runs(round_config, round_dir, None, None, log)
+        if warm:
+            log(f"round {number}: the served router's {len(warm)} run(s) trained on for "
+                f"{round_config.loop.warm_epochs} TD epochs at lr {round_config.loop.warm_lr:g} (warm candidates)")
+            train.train_group(warm, [round_dir / d for d in warm_dirs(len(warm))], None, None,
+                              [trained.prepared] * len(warm), held=True)
     pool = trained.prepared.pool
     held_episodes = [e for e in trained.splits["validation"] if all(t.router is not None for t in e.turns)]
     recorded_total = sum(1 for split in trained.splits.values() for e in split
@@ -156,7 +193,13 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
         raise ValueError(f"none of the {recorded_total} recorded episodes is on a held-out task: record more traffic "
                          f"or raise config.loop.holdout")
     scorer = dataclasses.replace(pipeline.scorer_of(round_config, round_dir, trained, None), commit=False)
+    dc = round_config.deploy
     candidates = pipeline.candidates_of(round_config, round_dir, trained.runs, scorer.by_family)
+    if warm:   # beside the fixed models already there: the warm runs at their kept and last epochs
+        kept = {"td": pipeline.earlier_td_epochs(warm[0], round_dir / warm_dirs(1)[0])}
+        candidates += [c for c in deploy.candidates({WARM: warm_dirs(len(warm))}, ("td",), dc.shrinkage, kept,
+                                                    scorer.by_family)
+                       if c.name not in (deploy.BEST_FIXED, deploy.BEST_PER_FAMILY)]
     reward = Reward.of(round_config, trained.prepared.c_ref)
     store = embedding_store(round_config, trained.prepared.encoder, round_dir)
     held = heldout.held_out(held_episodes, pool, store, round_config.max_state_tokens, reward)
@@ -170,7 +213,6 @@ def learn(config, workdir: str | Path, log: Callable[[str], None] = logging.info
     log(f"round {number}: {len(candidates)} candidates against the served router on {len(held_episodes)} held-out "
         f"recorded episodes ({heldout.explored_share(held):.0%} with exact propensities), the model cross-fitted on "
         f"{len(fit.logs.episodes)} training episodes")
-    dc = round_config.deploy
     choosing, proving = task_halves(held, dc.seed)
     selection, proof = heldout.crossfit_parts(held, targets(held), fit, targets(fit), [choosing, proving],
                                              dc.resamples, dc.seed, float(dc.max_weight))

@@ -288,22 +288,17 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
 def choosers(targets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each model m, the policies that choose it at some state and their probabilities of it at every state:
     targets (P, N, M) -> M pairs ((P_m,) policy indices, (N, P_m, 1) probabilities); computed once per fit."""
-    pairs = []
-    for m, chooses in enumerate(targets.any(axis=1).T):
-        policies = np.flatnonzero(chooses)
-        pairs.append((policies, targets[policies, :, m].T[..., None]))
-    return pairs
+    chosen = [np.flatnonzero(chooses) for chooses in targets.any(axis=1).T]
+    return [(policies, targets[policies, :, m].T[..., None]) for m, policies in enumerate(chosen)]
 
 
 def policy_values(features: np.ndarray, coef: np.ndarray, chosen_by: Sequence[tuple[np.ndarray, np.ndarray]]
                   ) -> np.ndarray:
     """V_p(s) = sum_m pi_p(m | s) Q_p(s, m) with Q_p(s, m) = [h(s), 1] . W[:, m, p]: features (N, D) float32, coef
-    (D, M, P, C), the policies choosing each model (`choosers`) -> (N, P, C).
-
-    Q is computed only for the policies that ever choose each model: with a fixed model per model among the
-    policies, all models' Q for all policies (N x D x M x P x C) made FQE on 49 models and 53 policies take minutes
-    a fit; most of those policies never choose most models. In float32 (the fit's most repeated step, several times
-    faster; its rounding is far below the sampling error)."""
+    (D, M, P, C), the policies choosing each model (`choosers`) -> (N, P, C). Q only for the policies that ever
+    choose each model: all models' Q for all policies (N x D x M x P x C) made FQE on 49 models and 53 policies
+    take minutes a fit, and most of those policies never choose most models. In float32 (the fit's most repeated
+    step, several times faster; its rounding is far below the sampling error)."""
     num_states, channels = features.shape[0], coef.shape[-1]
     value = np.zeros((num_states, coef.shape[2], channels))
     for m, (policies, probability) in enumerate(chosen_by):

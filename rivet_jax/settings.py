@@ -57,6 +57,21 @@ def one_of(*choices) -> Callable[[Any], bool]:
     return lambda v: v in choices
 
 
+def is_warm_start(value: Any) -> bool:
+    return value == "" or parse_warm_start(value) is not None
+
+
+def parse_warm_start(value: Any) -> tuple[str, str, int | None] | None:
+    """'<run dir>:<stage>[@<epoch>]' -> (run dir, stage, epoch or None: the last); None when it is not that."""
+    if not isinstance(value, str) or ":" not in value:
+        return None
+    run, _, at = value.rpartition(":")
+    stage, _, epoch = at.partition("@")
+    if not run or stage not in ("mc", "td", "online") or (epoch and not epoch.isdigit()):
+        return None
+    return run, stage, int(epoch) if epoch else None
+
+
 def anything(value: Any) -> bool:
     return True
 
@@ -88,6 +103,11 @@ SETTINGS: dict[str, Setting] = {
     # the run
     "stage": Setting("the stages to train: mc, td, online, offline (mc then td) or all", one_of(*STAGES),
                      f"one of {', '.join(STAGES)}", per_run=True, default='offline'),
+    # Fine-tuning a router that serves (launch.loop's warm candidates): the run's first stage starts from its
+    # parameters instead of from initialisation (mc) or from the run's own MC stage (stage = td).
+    "warm_start": Setting("a router checkpoint the run's first stage starts from: '<run dir>:<stage>' (its last "
+                          "epoch) or '<run dir>:<stage>@<epoch>' ('' = initialisation)", is_warm_start,
+                          "'' or '<run dir>:<mc|td|online>[@<epoch>]'", RUN, per_run=True, default=''),
     "seed": Setting("initialisation, shuffles and exploration draws", is_integer, "an integer", RUN, per_run=True,
                     default=42),
     "devices": Setting("devices to train on (0 = every visible device); runs split over them, then batches",
@@ -210,6 +230,12 @@ SETTINGS: dict[str, Setting] = {
     # their new tasks held out to prove a candidate's gain over the served router.
     "loop.recorded": Setting("the episodes the proxy recorded ('' = <workdir>/serve/episodes.jsonl)", default=''),
     # Half of the held-out tasks choose the candidate, the other half prove its gain: each needs enough traffic.
+    # Warm candidates: each run of the served router trained on from its parameters (`warm_start`), TD at the online
+    # stage's small step, on the logs and everything recorded: fine-tuned routers differ from the served one at few
+    # states, so their paired gain over it is estimated far more tightly than a router trained from scratch.
+    "loop.warm_epochs": Setting("TD epochs of the warm candidates (0: none; their checkpoints at multiples of "
+                                "deploy.keep_td_every are candidates too)", *_INT0, default=10),
+    "loop.warm_lr": Setting("the warm candidates' learning rate", *_LR, default=3e-05),
     "loop.holdout": Setting("share of the recorded traffic's new tasks held out to choose a candidate and prove its "
                             "gain over the served router", within(0.05, 0.9), "a fraction in [0.05, 0.9]",
                             default=0.5),

@@ -24,7 +24,7 @@ from rivet_jax.corpus import PreparedData
 from rivet_jax.learner import TrainState, from_saveable, init_train_state, saveable, template_state
 from rivet_jax.networks import RivetNet
 from rivet_jax.run_identity import flatten
-from rivet_jax.settings import SUSPECTS
+from rivet_jax.settings import SUSPECTS, parse_warm_start
 
 OFFLINE_STAGES = ("mc", "td")                # the epoch-trained stages, in training order
 ROUTER_STAGES = checkpointing.ROUTER_STAGES  # every stage whose checkpoint is a router: mc, td, online
@@ -92,6 +92,37 @@ def finished_params(config, workdir: Path, stage: str, prepared: PreparedData, t
     check_resume(checkpoints.restore_meta(done), config, prepared, stage, str(checkpoints.directory))
     params = restore_state(checkpoints, template, done, mesh).params
     checkpoints.close()
+    return params
+
+
+def first_stage(config) -> str:
+    """The stage a run of `config` starts with (`config.stage`: mc, td, online, offline or all)."""
+    return OFFLINE_STAGES[0] if config.stage in ("offline", "all") else config.stage
+
+
+def warm_params(config, prepared: PreparedData, like_params: Any) -> Any:
+    """The parameters `config.warm_start` names ('<run dir>:<stage>[@<epoch>]'), checked to be a router of this
+    run's pool and encoder and shaped like `like_params`: where a warm-started run's first stage starts."""
+    run, stage, epoch = parse_warm_start(config.warm_start)
+    where = f"warm_start {config.warm_start!r}"
+    if not checkpointing.stage_dir(run, stage).is_dir():   # not opened: opening would create it
+        raise FileNotFoundError(f"{where}: no checkpoints of stage '{stage}' in {checkpointing.stage_dir(run, stage)}")
+    checkpoints = checkpointing.StageCheckpoints(run, stage, max_to_keep=None)
+    try:
+        if checkpoints.latest_epoch() is None:
+            raise FileNotFoundError(f"{where}: {checkpoints.directory} holds no intact checkpoint")
+        epoch = checkpoints.latest_epoch() if epoch is None else epoch
+        if epoch not in checkpoints.epochs():
+            raise FileNotFoundError(f"{where}: {checkpoints.directory} kept no epoch {epoch} "
+                                    f"(it has {checkpoints.epochs()})")
+        problems = checkpointing.compatibility_problems(checkpoints.restore_meta(epoch), prepared.pool,
+                                                        prepared.encoder.fingerprint, source=where)
+        if problems:
+            raise checkpointing.CheckpointMismatchError(f"{where} is not a router of this run: " + "; ".join(problems))
+        params, _ = checkpoints.restore_params(like_params, epoch)
+    finally:
+        checkpoints.close()
+    logging.info("Starting from %s (epoch %d)", where, epoch)
     return params
 
 
@@ -181,6 +212,8 @@ class StageRun:
             logging.info("Resuming stage %s from %s after epoch %d/%d", self.stage, self.checkpoints.directory,
                          resume, self.epochs)
             return restore_state(self.checkpoints, template, resume, mesh)
+        if self.config.get("warm_start") and self.stage == first_stage(self.config):
+            return init_train_state(net, tx, warm_params(self.config, self.prepared, template.params), template.key)
         if self.stage == "mc":
             return template
         return init_train_state(net, tx, finished_params(self.config, self.workdir, self.stage, self.prepared,

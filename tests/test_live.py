@@ -11,6 +11,7 @@ import pytest
 
 from configs import routesim_live, serve
 from rivet_jax import deploy, heldout, loop, ope
+from rivet_jax.checkpointing import StageCheckpoints
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn, ModelPool, ModelCard, read_episodes
 from rivet_jax.envs.base import FixedModelPolicy, run_episode, run_episodes
@@ -18,7 +19,9 @@ from rivet_jax.envs.collect import demo_corpus
 from rivet_jax.evaluation import discounted_return
 from rivet_jax.live import experiment
 from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_app
+from rivet_jax.deployment_file import read_deployment_spec
 from rivet_jax.router import Router
+from rivet_jax.serve.served import deployment_version
 from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread
 from rivet_jax.serve.policy import Exploration
@@ -195,6 +198,12 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
                          "--config.live.rounds=1")
     assert first.returncode == 0, first.stderr
     one = loop.rounds_of(workdir)
+    # Round 2 serves a router that routes (tiny's round 1 shows no gain: deployed here by hand, as an operator would),
+    # so it trains warm candidates from it
+    routing = {"name": "round 1's own run", "runs": ["rounds/1"], "stage": "td", "epoch": None, "pessimism": 0.0,
+               "commit": False, "recentring": None}
+    deploy.write_deployment(workdir, routing, {"deployed_by": "tests/test_live.py"})
+    hand_deployed = deployment_version(workdir)
     second = run_launcher(capfd, "loop", "--config=configs/routesim_live.py:tiny", f"--workdir={workdir}")
     assert second.returncode == 0, second.stderr
     rounds = loop.rounds_of(workdir)
@@ -209,9 +218,15 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
         best = r["best_candidate"]
         assert exact[best["name"]] == best["exact"] == max(exact.values())
         assert exact[best["name"]] - exact[r["candidate"]] == best["shortfall_of_candidate"]
-    for before, after in zip(rounds, rounds[1:] + [None]):
-        if not before["promoted"] and after is not None:           # nothing changed: the same deployment served
-            assert after["served_before"] == before["served_before"]
+    assert rounds[1]["served_before"] == hand_deployed
+    if rounds[1]["promoted"]:
+        assert read_deployment_spec(workdir)["runs"][0].startswith("rounds/2/")
+    else:                                                           # nothing shown: the same deployment served
+        assert deployment_version(workdir) == hand_deployed
+    warm = [row["policy"] for row in rounds[1]["candidates"] if row["policy"].startswith(loop.WARM)]
+    assert "warm td" in warm and not any(row["policy"].startswith(loop.WARM) for row in rounds[0]["candidates"])
+    warm_epochs = routesim_live.get_config("tiny").loop.warm_epochs
+    assert StageCheckpoints(workdir / "rounds" / "2" / "warm" / "0", "td").latest_epoch() == warm_epochs
     recorded = read_episodes(workdir / "recorded.jsonl",
                              experiment.read_model_cards(workdir / "model_cards.json")).episodes
     assert len(recorded) == 2 * live.episodes
@@ -302,3 +317,27 @@ def test_crossfit_parts_are_the_estimates_on_each_parts_episodes_alone():
         np.testing.assert_allclose(part.point, expected.point)
         np.testing.assert_allclose(part.draws, expected.draws)
         assert part.tasks == expected.tasks == 4
+
+
+def test_warm_candidates_train_on_each_run_of_a_routing_served_router_and_none_of_a_fixed_model(demo_router_dir,
+                                                                                                tmp_path):
+    workdir = tmp_path / "served"
+    shutil.copytree(demo_router_dir, workdir)
+    config = routesim_live.get_config("tiny")
+    config.loss.alpha, config.seed = 7.5, 1234                  # the round's own: the warm runs keep the served run's
+    checkpoints = StageCheckpoints(workdir, "td", max_to_keep=None)
+    epoch = checkpoints.epochs()[0]
+    trained_with = checkpoints.restore_meta(epoch)["config"]
+    checkpoints.close()
+    served = {"runs": [".", "."], "stage": "td", "epoch": epoch, "recentring": None}
+    warm = loop.warm_configs(config, workdir, served)
+    assert len(warm) == 2                                        # one per served run
+    for c in warm:
+        assert c.stage == "td" and c.warm_start == f"{workdir.resolve()}:td@{epoch}"
+        assert c.td_epochs == config.loop.warm_epochs and c.optim.lr == config.loop.warm_lr
+        assert c.seed == trained_with["seed"] and c.loss.alpha == trained_with["loss"]["alpha"] != 7.5
+    assert loop.warm_configs(config, workdir, {**served, "epoch": None})[0].warm_start.endswith(":td")
+    fixed = {**served, "recentring": {"k": 0.0, "floor": {}, "centre": {}}}   # a fixed model: nothing to start from
+    assert loop.warm_configs(config, workdir, fixed) == []
+    config.loop.warm_epochs = 0
+    assert loop.warm_configs(config, workdir, served) == []

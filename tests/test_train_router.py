@@ -11,7 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rivet_jax import checkpointing, corpus, engine, train
+from rivet_jax import checkpointing, corpus, engine, stage_run, train
+from rivet_jax.config_checks import ConfigError, check_config
+from rivet_jax.learner import make_optimizer, template_state
+from rivet_jax.settings import Optim
 from rivet_jax.data.schema import ModelCard, ModelPool, write_model_cards
 from rivet_jax.encoders import HashingEncoder
 from rivet_jax.envs.base import RouterPolicy
@@ -266,3 +269,45 @@ def test_launcher_without_logs_refuses_in_one_line(tmp_path, capfd, monkeypatch)
     assert "no logs to train on: pass --config.data.episodes" in result.stderr
     assert "--config.data.demo=True" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "w" / "data").exists()
+
+
+def test_a_warm_started_run_starts_from_the_checkpoint_it_names_and_refuses_one_it_cannot_use(demo_router_dir,
+                                                                                              tmp_path):
+    config = tiny_config()
+    prepared = corpus.prepare_data(config, tmp_path / "reference")
+    like = template_state(config.seed, make_network(config), make_optimizer(Optim.of(config)),
+                          prepared.data.embeddings.shape[1], prepared.pool, "td").params
+    kept = checkpointing.StageCheckpoints(demo_router_dir, "td", max_to_keep=None)
+    epochs = kept.epochs()
+    expected = {epoch: kept.restore_params(like, epoch)[0] for epoch in epochs}
+    kept.close()
+    assert len(epochs) >= 2   # two different starting points to tell apart
+
+    def start(stage, warm_start, workdir, **overrides):
+        config = tiny_config(stage=stage, warm_start=warm_start, **overrides)
+        prepared = corpus.prepare_data(config, workdir)
+        first = {"offline": "mc"}.get(stage, stage)
+        run = stage_run.StageRun.open(config, workdir, first, prepared)
+        try:
+            return run.start(make_network(config), make_optimizer(Optim.of(config))).params
+        finally:
+            run.close()
+
+    def same(a, b):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+
+    same(start("td", f"{demo_router_dir}:td", tmp_path / "a"), expected[epochs[-1]])     # TD from it, not from MC
+    same(start("td", f"{demo_router_dir}:td@{epochs[0]}", tmp_path / "b"), expected[epochs[0]])
+    same(start("offline", f"{demo_router_dir}:td", tmp_path / "c"), expected[epochs[-1]])   # MC from it
+    assert not jax.tree.all(jax.tree.map(np.array_equal, start("offline", "", tmp_path / "d"),
+                                         expected[epochs[-1]]))                          # '' is initialisation
+    with pytest.raises(FileNotFoundError, match="kept no epoch 99"):
+        start("td", f"{demo_router_dir}:td@99", tmp_path / "e")
+    with pytest.raises(FileNotFoundError, match="no checkpoints of stage 'td'"):
+        start("td", f"{tmp_path / 'nowhere'}:td", tmp_path / "f")
+    assert not (tmp_path / "nowhere").exists()                                         # nothing created there
+    with pytest.raises(checkpointing.CheckpointMismatchError, match="encoder"):
+        start("td", f"{demo_router_dir}:td", tmp_path / "g", **{"encoder.dim": 32})
+    for bad in (str(demo_router_dir), f"{demo_router_dir}:rl", f"{demo_router_dir}:td@last"):
+        with pytest.raises(ConfigError, match="warm_start"):
+            check_config(tiny_config(warm_start=bad))
