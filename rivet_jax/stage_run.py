@@ -20,6 +20,7 @@ from absl import logging
 
 from rivet_jax import checkpointing, run_identity, sharding
 from rivet_jax.checkpointing import NonFiniteError
+from rivet_jax.config_checks import ConfigError
 from rivet_jax.corpus import PreparedData
 from rivet_jax.learner import TrainState, from_saveable, init_train_state, saveable, template_state
 from rivet_jax.networks import RivetNet
@@ -95,9 +96,12 @@ def finished_params(config, workdir: Path, stage: str, prepared: PreparedData, t
     return params
 
 
-def first_stage(config) -> str:
-    """The stage a run of `config` starts with (`config.stage`: mc, td, online, offline or all)."""
-    return OFFLINE_STAGES[0] if config.stage in ("offline", "all") else config.stage
+def stages_of(config) -> tuple[str, ...]:
+    """The stages `config.stage` names, in training order: 'mc', 'td', 'online', 'offline' (mc, td) or 'all'."""
+    stages = {"offline": OFFLINE_STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
+    if any(s not in ROUTER_STAGES for s in stages):
+        raise ConfigError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
+    return stages
 
 
 def warm_params(config, prepared: PreparedData, like_params: Any) -> Any:
@@ -115,10 +119,8 @@ def warm_params(config, prepared: PreparedData, like_params: Any) -> Any:
         if epoch not in checkpoints.epochs():
             raise FileNotFoundError(f"{where}: {checkpoints.directory} kept no epoch {epoch} "
                                     f"(it has {checkpoints.epochs()})")
-        problems = checkpointing.compatibility_problems(checkpoints.restore_meta(epoch), prepared.pool,
-                                                        prepared.encoder.fingerprint, source=where)
-        if problems:
-            raise checkpointing.CheckpointMismatchError(f"{where} is not a router of this run: " + "; ".join(problems))
+        checkpointing.check_compatible(checkpoints.restore_meta(epoch), prepared.pool, prepared.encoder.fingerprint,
+                                       source=where)
         params, _ = checkpoints.restore_params(like_params, epoch)
     finally:
         checkpoints.close()
@@ -212,7 +214,7 @@ class StageRun:
             logging.info("Resuming stage %s from %s after epoch %d/%d", self.stage, self.checkpoints.directory,
                          resume, self.epochs)
             return restore_state(self.checkpoints, template, resume, mesh)
-        if self.config.get("warm_start") and self.stage == first_stage(self.config):
+        if self.config.get("warm_start") and self.stage == stages_of(self.config)[0]:
             return init_train_state(net, tx, warm_params(self.config, self.prepared, template.params), template.key)
         if self.stage == "mc":
             return template

@@ -24,16 +24,8 @@ from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.learner import TrainState, grouped, make_optimizer, shape_signature, unstack
 from rivet_jax.networks import make_network
 from rivet_jax.settings import Optim
-from rivet_jax.stage_run import OFFLINE_STAGES, ROUTER_STAGES, StageRun, stored_c_ref
+from rivet_jax.stage_run import OFFLINE_STAGES, StageRun, stages_of, stored_c_ref
 from rivet_jax.workdir_lock import hold_workdirs
-
-
-def stages_of(config) -> tuple[str, ...]:
-    """The stages `config.stage` names, in training order: 'mc', 'td', 'online', 'offline' (mc, td) or 'all'."""
-    stages = {"offline": OFFLINE_STAGES, "all": ROUTER_STAGES}.get(config.stage, (config.stage,))
-    if any(s not in ROUTER_STAGES for s in stages):
-        raise ConfigError(f"unknown stage {config.stage!r}; known: {ROUTER_STAGES + ('offline', 'all')}")
-    return stages
 
 
 def environment(config) -> Env:
