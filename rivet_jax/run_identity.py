@@ -5,6 +5,8 @@ be what this run would use; otherwise the result would silently mix two runs. Wh
 resuming (or starting) stage S, is declared per key in `settings.SETTINGS` (`settings.resume_kind`):
 
     identity    RUN keys (seed, max_state_tokens, target_sync_steps; data, reward, model, loss, optim);
+                TD keys (loss.alpha, loss.cql_on) from the TD stage on: not for an MC stage, which never reads
+                them (so a grid's runs of one seed may share it), nor for TD starting from an MC checkpoint;
                 EPOCHS keys of the stages before S (their finished parameters are S's start);
                 for the online stage resuming itself: ONLINE keys (online and sim: its schedule and environment)
     by content  the logs (data.episodes, data.cards): their sha256, not their paths, so moved logs still resume;
@@ -24,7 +26,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from rivet_jax.settings import EPOCHS, ONLINE, RUN, resume_kind
+from rivet_jax.settings import EPOCHS, ONLINE, RUN, TD, resume_kind
 
 STAGES = ("mc", "td", "online")  # training order
 EPOCH_KEYS = {"mc": "mc_epochs", "td": "td_epochs"}
@@ -74,7 +76,9 @@ def is_identity(key: str, stage: str, resuming: bool) -> bool:
     `resuming`, else of an earlier stage whose parameters it starts from)."""
     kind = resume_kind(key)
     earlier = STAGES[:STAGES.index(stage)]
-    return (kind == RUN or (kind == EPOCHS and key in {EPOCH_KEYS.get(s) for s in earlier})
+    made_by_td = stage == "online" or (stage == "td" and resuming)   # the checkpoint compared is TD's or later
+    return (kind == RUN or (kind == TD and made_by_td)
+            or (kind == EPOCHS and key in {EPOCH_KEYS.get(s) for s in earlier})
             or (kind == ONLINE and resuming and stage == "online"))
 
 

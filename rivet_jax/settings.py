@@ -6,6 +6,8 @@ configs/serve.py are built from these tables (`config_of`), the experiments' con
 
     RUN       fixed for the life of a run: a resume, or a later stage starting from an earlier one's parameters,
               must see the same value (seed, the corpus settings, reward, model, loss, optimizer)
+    TD        fixed from the TD stage on (the CQL term's weight and where it applies): the MC stage never reads
+              them, so one MC warm start serves every setting of a conservatism grid (`train.mc_leaders`)
     EPOCHS    a stage's own epoch count: raised (or lowered, not below the epochs done) on a resume of that stage,
               fixed for the stages after it, which start from its finished parameters
     ONLINE    fixed while the online stage resumes itself (its schedule and its environment)
@@ -29,7 +31,7 @@ from ml_collections import config_dict
 
 from rivet_jax.data.cards import CARD_INPUTS, valid_card_inputs
 
-RUN, EPOCHS, ONLINE, FREE = "run", "epochs", "online", "free"
+RUN, TD, EPOCHS, ONLINE, FREE = "run", "td", "epochs", "online", "free"
 STAGES = ("mc", "td", "online", "offline", "all")
 CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition, or the stochastic choices only
 # Weights of Eq. 1 and Eq. 11 far above this make every reward the cost term alone, or the CQL term alone: a run
@@ -87,7 +89,7 @@ class Setting(NamedTuple):
     meaning: str
     check: Callable[[Any], bool] = anything
     expected: str = "any value"
-    resume: str = FREE      # RUN, EPOCHS, ONLINE or FREE (module docstring)
+    resume: str = FREE      # RUN, TD, EPOCHS, ONLINE or FREE (module docstring)
     per_run: bool = False   # the runs of one group may differ in it (values the group's program reads, bookkeeping)
     suspect: bool = False   # scales a loss or a step: named when a stage diverges at its first step
     default: Any = None     # the value of configs/default.py (configs/serve.py for SERVE_SETTINGS)
@@ -170,14 +172,14 @@ SETTINGS: dict[str, Setting] = {
                          f"a number in [0, {MAX_WEIGHT:g}] (the RIVE weight of Eq. 7)", RUN, per_run=True,
                          suspect=True, default=1.0),
     "loss.alpha": Setting("CQL's weight in Eq. 11; 0 = w/o CQL", within(0.0, MAX_WEIGHT),
-                          f"a number in [0, {MAX_WEIGHT:g}] (the CQL weight of Eq. 11)", RUN, per_run=True,
+                          f"a number in [0, {MAX_WEIGHT:g}] (the CQL weight of Eq. 11)", TD, per_run=True,
                           suspect=True, default=0.1),
     "loss.huber_delta": Setting("the Huber loss' delta", within(0.0, math.inf, low_open=True), "a number > 0", RUN,
                                 default=1.0),
     "loss.zero_response": Setting("w/o response: RIVE reads a zero vector instead of e(o_t)", resume=RUN,
                                   per_run=True, default=False),
     "loss.cql_on": Setting("where Eq. 10 applies: every transition, or where the logged choice was a draw",
-                           one_of(*CQL_ON), "'all' or 'stochastic'", RUN, per_run=True, default='all'),
+                           one_of(*CQL_ON), "'all' or 'stochastic'", TD, per_run=True, default='all'),
     # optimizer (App. B.2)
     "optim.lr": Setting("AdamW's learning rate (offline stages)", *_LR, RUN, suspect=True, default=0.0003),
     "optim.weight_decay": Setting("AdamW's weight decay", within(0.0, math.inf), "a number >= 0", RUN, default=0.01),
@@ -359,7 +361,7 @@ SECTIONS = {"data": RUN, "reward": RUN, "model": RUN, "loss": RUN, "optim": RUN,
 
 
 def resume_kind(key: str) -> str:
-    """RUN, EPOCHS, ONLINE or FREE for a dotted key: declared, else its section's kind."""
+    """RUN, TD, EPOCHS, ONLINE or FREE for a dotted key: declared, else its section's kind."""
     setting = SETTINGS.get(key)
     return setting.resume if setting is not None else SECTIONS.get(key.split(".")[0], FREE)
 

@@ -13,16 +13,21 @@ for the whole job (`workdir_lock`): a second job on any of them is refused at on
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-from rivet_jax import engine, online
+from absl import logging
+
+from rivet_jax import checkpointing, engine, online
 from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.corpus import PreparedData, prepare_data
 from rivet_jax.envs.base import Env
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.learner import TrainState, grouped, make_optimizer, shape_signature, unstack
 from rivet_jax.networks import make_network
+from rivet_jax.run_identity import flatten, is_identity
 from rivet_jax.settings import Optim
 from rivet_jax.stage_run import OFFLINE_STAGES, StageRun, stages_of, stored_c_ref
 from rivet_jax.workdir_lock import hold_workdirs
@@ -72,14 +77,17 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
         prepared = list(prepared) if prepared is not None else prepare_all(configs, workdirs)
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]
-            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in members]
-            index = {id(run): i for i, run in zip(members, runs)}
+            leaders = mc_leaders(configs, workdirs, prepared, members) if stage == "mc" else {}
+            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in members if i not in leaders]
+            index = {id(run): i for i, run in zip([i for i in members if i not in leaders], runs)}
             for group in engine.offline_groups(runs):
                 states = engine.train_together(group, on_epoch_end)
                 for r, run in enumerate(group):
                     final[index[id(run)]] = unstack(states, r)
             for run in runs:
                 run.close()
+            for i, leader in leaders.items():
+                take_stage(workdirs[leader], workdirs[i], stage)
         adapting = [i for i in range(len(configs)) if "online" in stages[i]]
         for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
             best = online.adapt_group([configs[i] for i in members], [workdirs[i] for i in members],
@@ -87,6 +95,44 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
             for i, state in zip(members, best):
                 final[i] = state
     return final
+
+
+def mc_leaders(configs: Sequence, workdirs: Sequence[Path], prepared: Sequence[PreparedData],
+               members: Sequence[int]) -> dict[int, int]:
+    """{run i: the run whose MC stage it takes}: runs whose MC stage is one and the same run (every setting it reads
+    equal, `run_identity.is_identity`, and the same corpus: a conservatism grid's runs of one seed) train it once,
+    in the first of them, and the others take a copy. A run that has begun its own MC stage trains it on."""
+    first: dict[str, int] = {}
+    leaders = {}
+    for i in members:
+        values = flatten(configs[i].to_dict())
+        reads = sorted((k, v) for k, v in values.items() if is_identity(k, "mc", resuming=True) or k == "mc_epochs")
+        key = json.dumps([reads, id(prepared[i])], default=str)
+        if key in first and not begun(workdirs[i], "mc"):
+            leaders[i] = first[key]
+        first.setdefault(key, i)
+    return leaders
+
+
+def begun(workdir: Path, stage: str) -> bool:
+    """Whether the run in `workdir` has saved any checkpoint of `stage`, intact or not."""
+    directory = checkpointing.stage_dir(workdir, stage)
+    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
+
+def take_stage(source: Path, workdir: Path, stage: str) -> None:
+    """Copies `source`'s finished checkpoints of `stage` (and its metrics records) into `workdir`, whose own are
+    empty: whole, then renamed into place, so a kill leaves none or all of them."""
+    target = checkpointing.stage_dir(workdir, stage)
+    partial = target.with_name(f".{stage}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(checkpointing.stage_dir(source, stage), partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    kept = [line for line in (source / "metrics.jsonl").read_text().splitlines() if json.loads(line)["stage"] == stage]
+    with open(workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.writelines(json.dumps({**json.loads(line), "taken_from": str(source)}) + "\n" for line in kept)
+    logging.info("Stage %s of %s: taken from %s (the same run: only the TD settings differ)", stage, workdir, source)
 
 
 def train(config, workdir: str | Path, on_epoch_end: Callable | None = None, env: Env | None = None,

@@ -82,7 +82,11 @@ def test_every_key_of_the_training_config_is_declared_once():
     assert "port" in config_checks.RULES and settings.meaning("epsilon").startswith("per-turn exploration")
     assert {key for key, (test, _) in config_checks.RULES.items() if key in keys} == {
         key for key in keys if settings.SETTINGS[key].check is not settings.anything}
-    assert run_identity.is_identity("loss.alpha", "mc", resuming=True)           # RUN
+    assert run_identity.is_identity("loss.beta", "mc", resuming=True)            # RUN
+    assert not run_identity.is_identity("loss.alpha", "mc", resuming=True)       # TD: the MC stage never reads it,
+    assert not run_identity.is_identity("loss.alpha", "td", resuming=False)      # ... nor TD starting from MC's end,
+    assert run_identity.is_identity("loss.alpha", "td", resuming=True)           # ... but TD's own checkpoints
+    assert run_identity.is_identity("loss.alpha", "online", resuming=False)      # ... and the stages after do
     assert not run_identity.is_identity("mc_epochs", "mc", resuming=True)        # EPOCHS: its own stage's count
     assert run_identity.is_identity("mc_epochs", "td", resuming=False)           # ... fixed for the stages after
     assert run_identity.is_identity("online.lr", "online", resuming=True)        # ONLINE, resuming online

@@ -460,5 +460,5 @@ def test_a_setting_added_by_a_newer_version_does_not_block_a_resume(trained, tmp
     meta = checkpointing.StageCheckpoints(workdir, "mc").restore_meta()
     newer = {**meta["config"], "loss": {**meta["config"]["loss"], "added_since": 1.0}}
     assert run_identity.resume_differences(meta, newer, meta["corpus"], "mc") == []
-    changed = {**newer, "loss": {**newer["loss"], "alpha": 0.5}}
-    assert run_identity.resume_differences(meta, changed, meta["corpus"], "mc") == ["loss.alpha: 0.1 -> 0.5"]
+    changed = {**newer, "loss": {**newer["loss"], "beta": 0.5}}
+    assert run_identity.resume_differences(meta, changed, meta["corpus"], "mc") == ["loss.beta: 1.0 -> 0.5"]

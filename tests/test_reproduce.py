@@ -204,8 +204,9 @@ GROUP_SCRIPT = textwrap.dedent("""
                            config.reproduce.seeds)
     runs = len(settings) * len(config.reproduce.seeds)
     assert runs == 4, runs
-    # 4 runs on 8 devices: one run per pair of devices (runs axis 4), each run's batch split over its pair.
-    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(4, 8, ("runs",), 8)] * 2, LAYOUTS
+    # MC: the grid's two settings share each seed's warm start (train.mc_leaders), 2 runs on 8 devices; TD: 4 runs,
+    # one run per pair of devices (runs axis 4), each run's batch split over its pair.
+    assert [layout for layout in LAYOUTS if layout[1] == 8] == [(2, 8, ("runs",), 8), (4, 8, ("runs",), 8)], LAYOUTS
     for variant in variants:
         for seed, got_dir in zip(config.reproduce.seeds, eight[variant]):
             one = run_dir(reference, variant, seed)
