@@ -462,3 +462,30 @@ def test_a_setting_added_by_a_newer_version_does_not_block_a_resume(trained, tmp
     assert run_identity.resume_differences(meta, newer, meta["corpus"], "mc") == []
     changed = {**newer, "loss": {**newer["loss"], "beta": 0.5}}
     assert run_identity.resume_differences(meta, changed, meta["corpus"], "mc") == ["loss.beta: 1.0 -> 0.5"]
+
+
+def test_launcher_logs_keep_orbax_warnings_but_not_its_item_metadata_noise(trained, caplog):
+    """Restoring a router made orbax warn that each item of the composite checkpoint has no metadata of its own
+    (1,578 lines in one live run): the launchers' filter drops exactly that warning, not a missing step metadata."""
+    absl = logging.getLogger("absl")
+    before = list(absl.filters)
+    checkpointing.quiet_orbax_logs()
+    try:
+        with caplog.at_level(logging.INFO, logger="absl"):
+            Router.from_checkpoint(trained, stage="mc")
+        assert not [r for r in caplog.records if "Metadata file does not exist" in r.getMessage()]
+        drop = absl.filters[-1]
+
+        def orbax_record(level, msg, path):
+            return logging.LogRecord("absl", level, "/x/orbax/checkpoint/_src/metadata/checkpoint.py", 1, msg,
+                                     (path,), None)
+
+        step = trained / "checkpoints" / "mc" / "2"
+        assert drop.filter(orbax_record(logging.WARNING, "Metadata file does not exist: %s",
+                                        step / "_CHECKPOINT_METADATA"))                    # a step's: still shown
+        assert not drop.filter(orbax_record(logging.WARNING, "Metadata file does not exist: %s",
+                                            step / "state" / "_CHECKPOINT_METADATA"))      # an item's: dropped
+        assert not drop.filter(orbax_record(logging.INFO, "Saved %s", step))               # orbax's INFO: dropped
+        assert drop.filter(orbax_record(logging.ERROR, "Failed to read Metadata file: %s", step))
+    finally:
+        absl.filters[:] = before
