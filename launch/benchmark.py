@@ -1,5 +1,6 @@
 r"""Benchmarks the MC and TD+CQL updates at the paper's sizes (against an eager PyTorch port when torch is installed),
-the full offline training's wall time, routing latency, encoders and scaling curves.
+the full offline training's wall time, routing latency, encoders, scaling curves, and the main job's seconds and
+peak memory per phase on a reduced manifest (--main_job, the tiny reproduction by default).
 
   python -m launch.benchmark --config=configs/default.py --output=/tmp/rivet_bench.json
 
@@ -15,6 +16,7 @@ from ml_collections import config_flags
 
 from launch.common import run_app
 from rivet_jax.bench import benchmark
+from rivet_jax.bench.main_job import MAIN_JOB
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Config file (sizes and settings).")
 _OUTPUT = flags.DEFINE_string("output", "benchmark.json", "Where to write the JSON results.")
@@ -26,6 +28,8 @@ _PREFIX_REUSE = flags.DEFINE_bool("prefix_reuse", True, "Also measure Qwen3 pref
                                   "when --mint_dir or --qwen3_fixture is absent).")
 _MINT = flags.DEFINE_string("mint_dir", "../shared/mint", "MINT logs for the prefix-reuse measurement.")
 _RUNS = flags.DEFINE_integer("runs", 27, "Runs trained together in the run-group line (the reproduction's 27).")
+_MAIN_JOB = flags.DEFINE_string("main_job", MAIN_JOB, "Config of the main job (launch.reproduce) run for "
+                                "its seconds and peak memory per phase ('': skip).")
 _SERVE = flags.DEFINE_bool("serve", False, "Only the routing proxy's overhead (rivet_jax/bench/serve.py).")
 _SERVE_ENCODERS = flags.DEFINE_list("serve_encoders", ["hashing", "minilm"], "Encoders of the --serve benchmark.")
 _QWEN3_FIXTURE = flags.DEFINE_string("qwen3_fixture", "../shared/fixtures/qwen3_tiny",
@@ -41,7 +45,7 @@ def main(argv):
     result = benchmark.run_benchmark(_CONFIG.value, num_transitions=_TRANSITIONS.value, num_models=_MODELS.value,
                                      scaling=_SCALING.value, encoders=_ENCODERS.value, runs=_RUNS.value,
                                      prefix_reuse=(_MINT.value, _QWEN3_FIXTURE.value) if _PREFIX_REUSE.value else None,
-                                     matmul_reference=reference)
+                                     matmul_reference=reference, main_job=_MAIN_JOB.value or None)
     print(benchmark.format_table(result))
     benchmark.write_json(result, _OUTPUT.value)
     print(f"wrote {_OUTPUT.value}")

@@ -98,3 +98,35 @@ def test_the_proxy_overhead_benchmark_measures_every_request_of_every_scenario()
     assert all(0 < r["p50_ms"] <= r["p99_ms"] and r["requests_per_s"] > 0 for r in rows.values())
     assert [name for name, _, _ in format_serve_rows(result)] == ["hashing, 1 client, upstream 0 s",
                                                                   "hashing, 2 clients, upstream 0.01 s"]
+
+
+FAKE_JOB = """
+import json, sys
+from pathlib import Path
+held = bytearray(400 * 2**20)          # 400 MB, every page touched
+held[::4096] = b"x" * len(held[::4096])
+meta = {"seconds": 30.0, "phases": [{"phase": "collect", "seconds": 0.5, "peak_rss_gb": 0.1},
+                                    {"phase": "train", "seconds": 10.0, "peak_rss_gb": 0.3},
+                                    {"phase": "report", "seconds": 28.0, "peak_rss_gb": 0.35}]}
+Path(sys.argv[1], "results.json").write_text(json.dumps({"experiments": {}, "meta": meta}))
+"""
+
+
+def test_the_main_job_line_reports_each_phase_and_the_childs_own_peak_memory(tmp_path):
+    import sys
+
+    from rivet_jax.bench import main_job
+
+    result = main_job.run_main_job(tmp_path, command=[sys.executable, "-c", FAKE_JOB, str(tmp_path)])
+    assert 0.4 <= result["peak_rss_gb"] < 2.0                     # the child's 400 MB, not this process' memory
+    assert result["outside_phases_s"] == 0.0                      # it took far less than its phases say
+    # Each phase runs from its mark to the next (the last to the job's end), its peak is the next mark's
+    assert [(r["phase"], r["seconds"]) for r in result["phases"]] == [("collect", 9.5), ("train", 18.0),
+                                                                      ("report", 2.0)]
+    assert [r["peak_rss_gb"] for r in result["phases"]] == [0.3, 0.35, result["peak_rss_gb"]]
+    rows = main_job.main_job_rows(result)
+    assert rows[0][0] == "main job (reduced manifest)" and [r[0].split(": ")[1] for r in rows[1:-1]] == [
+        "collect", "train", "report"]
+    with pytest.raises(RuntimeError, match=r"exit 3(.|\n)*main_job.log:\nboom"):     # what it printed, from its log
+        main_job.run_main_job(tmp_path / "failed", command=[sys.executable, "-c",
+                                                           "import sys; print('bo' + 'om'); sys.exit(3)"])

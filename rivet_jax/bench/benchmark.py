@@ -1,5 +1,6 @@
 """Speed of the training updates at the paper's sizes, the wall time of a full offline run, the TD+CQL update's
-achieved FLOP/s against a large matmul measured in the same run, and the latency of one routing decision.
+achieved FLOP/s against a large matmul measured in the same run, the latency of one routing decision, and the main
+job's seconds and peak memory per phase on a reduced manifest (`main_job.py`).
 
 Encoding is excluded: the replay and the embedding table are random arrays of the right shapes (state dim 1024,
 M = 6 candidates, 7,492 transitions by default), fed to exactly the update and epoch functions training uses.
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from rivet_jax.bench.main_job import main_job_rows, run_main_job
 from rivet_jax.bench.run_groups import run_group_rows, run_group_throughput
 from rivet_jax.corpus import TrainData, gather_batch
 from rivet_jax.data.cards import card_features
@@ -362,10 +364,12 @@ def plot_scaling(scaling: dict, path: str | Path) -> None:
 def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPER_TRANSITIONS,
                   num_models: int = 6, single_steps: int = 200, scaling: bool = False,
                   encoders: bool = False, prefix_reuse: tuple[str, str] | None = None, runs: int = 27,
-                  matmul_reference: float | None = None) -> dict:
+                  matmul_reference: float | None = None, main_job: str | None = None) -> dict:
     """Measures everything; returns a JSON-ready dict. `prefix_reuse`: (MINT logs, tiny Qwen3 fixture) dirs;
     `runs`: how many runs the vmapped run-group line trains together (27: the RouteSim reproduction's);
-    `matmul_reference`: the machine's matmul FLOP/s if already measured (the launcher prints it first)."""
+    `matmul_reference`: the machine's matmul FLOP/s if already measured (the launcher prints it first);
+    `main_job`: a config (`main_job.MAIN_JOB`: the tiny reproduction) to run the main job with, in a child process,
+    for its seconds and peak memory per phase."""
     pool = synthetic_pool(num_models)
     data = synthetic_data(num_transitions, config.encoder.dim, pool, seed=config.seed)
     net, tx = make_network(config), make_optimizer(Optim.of(config))
@@ -396,6 +400,9 @@ def run_benchmark(config: ml_collections.ConfigDict, num_transitions: int = PAPE
         result["prefix_reuse"] = _prefix_reuse(*prefix_reuse)
     if scaling:
         result["scaling"] = _scaling(config)
+    if main_job:
+        with tempfile.TemporaryDirectory(prefix="rivet-bench-main-job-") as workdir:
+            result["main_job"] = run_main_job(workdir, main_job)
     result["load_average_after"] = os.getloadavg()  # other work on the machine skews every rate above
     return result
 
@@ -440,6 +447,8 @@ def format_table(result: dict) -> str:
         rows.append((f"encoder {name}", f"{row['texts_per_s']:.0f} texts/s" if "texts_per_s" in row else "skipped",
                      f"{row.get('words_per_text', '')} words per text" if "texts_per_s" in row else row["skipped"]))
     rows += _prefix_reuse_rows(result.get("prefix_reuse"))
+    if "main_job" in result:
+        rows += main_job_rows(result["main_job"])
     for name, points in result.get("scaling", {}).items():
         rows.append((f"scaling: {name.replace('_', ' ')}",
                      " ".join(f"{p['x']}:{p['steps_per_s']:.0f}" for p in points), "x: TD+CQL steps/s"))
