@@ -274,14 +274,17 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
     chosen_by = choosers(targets)
     following = np.where(logs.terminal, 0, np.arange(num_states) + 1)                              # next state's row
     coef = np.zeros((dim, num_models, num_policies, logs.reward.shape[1]))                         # (D, M, P, C)
-    for _ in range(iterations):
+    for i in range(iterations):
         value = policy_values(narrow, coef, chosen_by)                                     # (N, P, C)
         future = value[following]
         future[logs.terminal] = 0.0
         y = logs.reward[:, None, :] + logs.discount[None, None, :] * future                         # (N, P, C)
-        flat = y.reshape(num_states, -1)                                                            # (N, P C)
-        coef = np.stack([inverse @ (x.T @ flat[rows])
-                         for inverse, rows, x in zip(inverses, called, weighted)], axis=1).reshape(coef.shape)
+        for m, (inverse, rows, x) in enumerate(zip(inverses, called, weighted)):
+            # Q(., m) of the policies that choose m (all the values read), then every policy's (the logged Q's)
+            policies = np.arange(num_policies) if i == iterations - 1 else chosen_by[m][0]
+            if policies.size:
+                target = y[rows][:, policies].reshape(len(rows), -1)                               # (R_m, P_m C)
+                coef[:, m, policies] = (inverse @ (x.T @ target)).reshape(dim, len(policies), -1)
     return FittedQ(policy_values(narrow, coef, chosen_by), logged_q(narrow, coef, logs.action), coef)
 
 

@@ -333,3 +333,33 @@ def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over
     np.testing.assert_allclose(ope.logged_q(features, coef, action),
                                np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_fqe_fitting_each_models_choosing_policies_until_the_last_round_fits_what_fitting_all_does():
+    """fit_fqe regresses Q(., m) only for the policies that choose m until its last round: the values it reads are
+    those of the fit that regresses every policy every round (written out here), to float tolerance."""
+    episodes = two_turn_episodes(200, seed=3)
+    logs = ope.read_logs(episodes, POOL, reward=Reward(0.3, 0.9, 1.0))
+    rng = np.random.default_rng(4)
+    features = np.concatenate([rng.normal(size=(len(logs.action), 3)), np.ones((len(logs.action), 1))], axis=1)
+    requests = ope.state_requests(logs, POOL)
+    targets = np.stack([ope.target_distribution(FixedModelPolicy(m), requests, POOL) for m in POOL.names]
+                       + [np.full((len(logs.action), len(POOL)), 1 / len(POOL))])                # (P, N, M)
+    weights, ridge, iterations = rng.integers(0, 3, size=len(logs.action)).astype(float), 0.1, 3
+    fitted = ope.fit_fqe(logs, features, targets, weights, ridge, iterations)
+    # Every policy regressed every round: the fit before this change, step by step
+    varies = features.min(axis=0) != features.max(axis=0)
+    penalty = np.diag(ridge * np.where(varies, 1.0, 1e-6))
+    following = np.where(logs.terminal, 0, np.arange(len(features)) + 1)
+    coef = np.zeros((features.shape[1], len(POOL), len(targets), logs.reward.shape[1]))
+    for _ in range(iterations):
+        value = np.einsum("nd,dmpc,pnm->npc", features, coef, targets)
+        future = np.where(logs.terminal[:, None, None], 0.0, value[following])
+        y = logs.reward[:, None, :] + logs.discount[None, None, :] * future                     # (N, P, C)
+        for m in range(len(POOL)):
+            rows = np.flatnonzero((logs.action == m) & (weights > 0))
+            x = features[rows] * weights[rows, None]
+            solved = np.linalg.solve(features[rows].T @ x + penalty, x.T @ y[rows].reshape(len(rows), -1))
+            coef[:, m] = solved.reshape(coef.shape[0], *coef.shape[2:])
+    np.testing.assert_allclose(fitted.coef, coef, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fitted.value, np.einsum("nd,dmpc,pnm->npc", features, coef, targets), atol=1e-5)
