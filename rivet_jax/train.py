@@ -78,8 +78,9 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]
             leaders = mc_leaders(configs, workdirs, prepared, members) if stage == "mc" else {}
-            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in members if i not in leaders]
-            index = {id(run): i for i, run in zip([i for i in members if i not in leaders], runs)}
+            trained = [i for i in members if i not in leaders]
+            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in trained]
+            index = {id(run): i for i, run in zip(trained, runs)}
             for group in engine.offline_groups(runs):
                 states = engine.train_together(group, on_epoch_end)
                 for r, run in enumerate(group):
@@ -108,16 +109,10 @@ def mc_leaders(configs: Sequence, workdirs: Sequence[Path], prepared: Sequence[P
         values = flatten(configs[i].to_dict())
         reads = sorted((k, v) for k, v in values.items() if is_identity(k, "mc", resuming=True) or k == "mc_epochs")
         key = json.dumps([reads, id(prepared[i])], default=str)
-        if key in first and not begun(workdirs[i], "mc"):
+        if key in first and checkpointing.latest_stage(workdirs[i], ("mc",)) is None:   # none of its own begun
             leaders[i] = first[key]
         first.setdefault(key, i)
     return leaders
-
-
-def begun(workdir: Path, stage: str) -> bool:
-    """Whether the run in `workdir` has saved any checkpoint of `stage`, intact or not."""
-    directory = checkpointing.stage_dir(workdir, stage)
-    return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
 
 
 def take_stage(source: Path, workdir: Path, stage: str) -> None:
