@@ -11,6 +11,8 @@ gain's 95% interval is above 0: W/deploy.json changes and the proxy swaps it in.
 (docs/live.md).
 """
 
+import logging
+
 from absl import flags
 from ml_collections import config_flags
 
@@ -36,6 +38,9 @@ def main(argv):
     def live():
         from rivet_jax.live import experiment
 
+        # httpx logs every request at INFO: the driver's calls to the proxy and the proxy's to the fake upstreams
+        # were 21,385 of a live run's 23,380 log lines (live7), burying the rounds' progress
+        logging.getLogger("httpx").setLevel(logging.WARNING)
         return experiment.run(config, _WORKDIR.value)
 
     result = run_reporting_user_errors(live if "live" in config else one_round, config)

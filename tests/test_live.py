@@ -192,11 +192,13 @@ def test_task_halves_split_whole_tasks_at_random_and_need_two():
 
 
 @pytest.mark.slow
-def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, capfd):
+def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, capfd, caplog):
     workdir = tmp_path / "live"
     first = run_launcher(capfd, "loop", "--config=configs/routesim_live.py:tiny", f"--workdir={workdir}",
                          "--config.live.rounds=1")
     assert first.returncode == 0, first.stderr
+    played = [r.getMessage() for r in caplog.records if "episodes played through the proxy" in r.getMessage()]
+    assert played and not any(r.name == "httpx" for r in caplog.records)   # the rounds' progress, no line per call
     one = loop.rounds_of(workdir)
     # Round 2 serves a router that routes (tiny's round 1 shows no gain: deployed here by hand, as an operator would),
     # so it trains warm candidates from it
