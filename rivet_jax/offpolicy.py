@@ -112,11 +112,12 @@ def held_out_split(episodes: list[Episode], workdir: Path, split: str | None) ->
 
 def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: str | Path, *, stage: str | None = None,
                   baselines: bool = True, resamples: int = 200, seed: int = 0, ridge: float | None = None,
-                  out: str | Path | None = None, split: str | None = None) -> dict:
+                  out: str | Path | None = None, split: str | None = None, max_features: int | None = None) -> dict:
     """The router of `workdir` (its `stage`, default the last trained), the baselines, the fixed models and the
     random router, each estimated on the held-out logs (`split`: only that split's tasks of the workdir's
     `splits.json`) by IS, WIS, FQE, DR and WDR at the router's lambda, gamma and c_ref; writes ope.md and ope.json
-    into `out` (default: the workdir)."""
+    into `out` (default: the workdir). `max_features`: FQE reads the state embedding on its top principal directions
+    (`heldout.principal_features`; None: all of it)."""
     started = time.perf_counter()
     workdir = Path(workdir)
     router = Router.from_checkpoint(workdir, stage)
@@ -129,11 +130,12 @@ def evaluate_logs(workdir: str | Path, episodes_path: str | Path, cards_path: st
     policies = {MAIN: RouterPolicy(router), **fitted,
                 **reference_policies(router.pool, logs.available, fitted.get(BEST_FIXED))}
     targets = targets_of(policies, logs, router.pool)
-    features = held.features  # the states' vectors from the workdir's embedding cache
+    features = held.features if max_features is None else heldout.principal_features(held.h, max_features)
     result = ope.evaluate(logs, targets, features, resamples=resamples, seed=seed, ridge=ridge)
     result.update({"fixed_fallback": {m: share for m, share in missing_shares(router.pool, logs.available).items()
                                       if f"fixed:{m}" in policies},"episodes_path": str(episodes_path), "router": str(workdir), "lambda": config.reward.lam,
-                   "gamma": config.reward.gamma, "c_ref": router.c_ref, "seconds": time.perf_counter() - started})
+                   "gamma": config.reward.gamma, "c_ref": router.c_ref, "fqe_features": features.shape[1] - 1,
+                   "seconds": time.perf_counter() - started})
     write_result(Path(out or workdir), "ope", result, estimates_table(result))
     if BEST_FIXED in policies:
         result["verdict"] = router_verdict(router, workdir, episodes, policies[BEST_FIXED], resamples, seed,

@@ -9,6 +9,7 @@ import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation, offpolicy, ope
+from rivet_jax.heldout import principal_features
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import HashingEncoder
@@ -232,6 +233,10 @@ def test_evaluate_logs_end_to_end(tiny_router):
     assert saved["episodes"] == 70 and saved["supported"] == 10 and "mixture" in saved["support"]
     table = (workdir / "train" / "ope.md").read_text()
     assert "| RIVET (ours) | DR |" in table and "| fixed:apex-pro | IS (thin) |" in table
+    fewer = offpolicy.evaluate_logs(workdir / "train", heldout / collect.EPISODES_FILE, heldout / collect.CARDS_FILE,
+                                    baselines=False, resamples=10, out=workdir / "fewer", max_features=16)
+    assert fewer["fqe_features"] == 16 and saved["fqe_features"] > 16     # the whole embedding by default
+    assert [r["policy"] for r in fewer["rows"]] == [r["policy"] for r in result["rows"]]
 
 
 def test_a_fixed_model_missing_at_a_state_calls_the_fallback_there_or_is_left_out(caplog):
@@ -333,6 +338,27 @@ def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over
     np.testing.assert_allclose(ope.logged_q(features, coef, action),
                                np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_principal_features_of_states_on_few_directions_give_the_fit_of_the_whole_embedding():
+    """FQE on the embedding's top-k principal directions equals FQE on the whole embedding when the states vary
+    along k directions only (the ridge penalty does not change under rotation, the unpenalised intercept takes the
+    mean), and k >= D gives the whole embedding back."""
+    logs = ope.read_logs(two_turn_episodes(200, seed=3), POOL, reward=Reward(0.3, 0.9, 1.0))
+    n, rng = len(logs.action), np.random.default_rng(5)
+    h = rng.normal(size=(n, 2)) @ rng.normal(size=(2, 6)) + rng.normal(size=6)          # (N, 6) on a 2-d plane
+    requests = ope.state_requests(logs, POOL)
+    targets = np.stack([ope.target_distribution(FixedModelPolicy(m), requests, POOL) for m in POOL.names]
+                       + [np.full((n, len(POOL)), 1 / len(POOL))])
+    plain = np.concatenate([h, np.ones((n, 1))], axis=1)
+    whole = ope.fit_fqe(logs, plain, targets, np.ones(n), 0.1, 3)
+    projected = principal_features(h, 2)
+    assert projected.shape == (n, 3)
+    np.testing.assert_allclose(ope.fit_fqe(logs, projected, targets, np.ones(n), 0.1, 3).value, whole.value,
+                               atol=1e-4)
+    np.testing.assert_array_equal(principal_features(h, 6), plain)
+    one = ope.fit_fqe(logs, principal_features(h, 1), targets, np.ones(n), 0.1, 3).value
+    assert np.abs(one - whole.value).max() > 1e-3                      # a direction the states vary along: it counts
 
 
 def test_fqe_fitting_each_models_choosing_policies_until_the_last_round_fits_what_fitting_all_does():
