@@ -60,11 +60,11 @@ def principal_features(h: np.ndarray, k: int) -> np.ndarray:
     most 0.014; k = 256: 1.3 s, 0.005, at most 0.058). With the ridge's unpenalised intercept, directions the states
     do not vary along change nothing: such h give the same fit."""
     h = np.asarray(h, np.float64)
-    if k >= h.shape[1]:
-        return np.concatenate([h, np.ones((len(h), 1))], axis=1)
-    centred = h - h.mean(axis=0)
-    _, vectors = np.linalg.eigh(centred.T @ centred)                                    # ascending eigenvalues
-    return np.concatenate([centred @ vectors[:, ::-1][:, :k], np.ones((len(h), 1))], axis=1)
+    if k < h.shape[1]:
+        centred = h - h.mean(axis=0)
+        _, vectors = np.linalg.eigh(centred.T @ centred)                                # ascending eigenvalues
+        h = centred @ vectors[:, ::-1][:, :k]                                           # (N, k)
+    return np.concatenate([h, np.ones((len(h), 1))], axis=1)
 
 
 def held_out(episodes: Sequence[Episode], pool: ModelPool, store: EmbeddingStore, max_tokens: int,
