@@ -15,6 +15,7 @@ the demo corpus and notebooks build the same benchmark); they are not to be retu
 import ml_collections
 
 from configs import default
+from rivet_jax import settings
 from rivet_jax.envs import routesim_config
 
 
@@ -85,6 +86,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.ope.rollout_seed = 7
     config.ope.resamples = 200         # bootstrap resamples of every 95% interval (FQE refitted on each)
     config.ope.seed = 0                # of the bootstrap and of FQE's cross-validation folds
+    config.ope.max_features = settings.FQE_FEATURES  # FQE on the embedding's top K principal directions (0: all)
 
     config.baselines = ml_collections.ConfigDict()
     config.baselines.mtrouter_epochs = 20

@@ -3,7 +3,6 @@ multi-host run."""
 
 from __future__ import annotations
 
-import ctypes
 import difflib
 import errno
 import importlib.util
@@ -16,7 +15,7 @@ import jax
 
 from absl import app, flags, logging
 
-from rivet_jax import checkpointing
+from rivet_jax import checkpointing, heap
 from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.run_identity import flatten
 from rivet_jax import settings
@@ -60,26 +59,6 @@ def enable_compilation_cache(workdir: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-
-
-def return_freed_memory_to_the_os() -> bool:
-    """Fixes glibc's mmap and trim thresholds (1 MB, 4 MB) so that freed buffers go back to the OS.
-
-    By default glibc raises its mmap threshold each time a large mmapped block is freed (up to 32 MB), after which
-    XLA's buffers of a few MB come from the heap arenas of its many threads and stay resident once freed: online
-    adaptation of the main job's 15 runs held 7 GB resident for 3 GB of live data, and the whole job grew to 15.6 GB.
-    Fixed thresholds keep it near what is live (with the online replay grown as it fills: peak 3.6 GB, its time
-    within the machine's drift; docs/timing.md). A no-op (False) off glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 4 << 20))
-
-
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None) -> None:
     """Joins a multi-host run (`jax.distributed.initialize`), before any other JAX call.
@@ -103,7 +82,7 @@ def run_app(main: Callable, argv: list[str] | None = None) -> None:
     """`app.run(main)` for a launcher with a `--config` flag: `--help` also lists the config's keys and values, and
     an override naming no key of the config (`--config.reward.lamda=0.1`) is one line with the closest key, not a
     traceback from inside the flag parser. `argv` defaults to the command line (tests pass their own)."""
-    return_freed_memory_to_the_os()
+    heap.return_freed_memory_to_the_os()
     app.run(main, argv=argv, flags_parser=_parse_flags)
 
 

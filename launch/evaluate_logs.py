@@ -20,6 +20,7 @@ from ml_collections import config_flags
 
 from launch.common import run_app, run_reporting_user_errors
 from rivet_jax import offpolicy
+from rivet_jax.settings import FQE_FEATURES
 from rivet_jax.verdict import VERDICT_MD
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/routesim.py", "RouteSim config (--validate_routesim).")
@@ -34,9 +35,9 @@ _RESAMPLES = flags.DEFINE_integer("resamples", 200, "Bootstrap resamples of ever
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the bootstrap.")
 _RIDGE = flags.DEFINE_float("ridge", None, "FQE's ridge penalty; default: chosen by cross-validation over episodes.",
                             lower_bound=0.0)
-_MAX_FEATURES = flags.DEFINE_integer("max_features", None, "FQE reads the state embedding on its top K principal "
-                                     "directions (the held-out states'): on big logs each refit is several times "
-                                     "faster (docs/offpolicy.md); default: the whole embedding.", lower_bound=1)
+_MAX_FEATURES = flags.DEFINE_integer("max_features", FQE_FEATURES, "FQE reads the state embedding on its top K "
+                                     "principal directions (the held-out states'): on big logs each refit is several "
+                                     "times faster (docs/offpolicy.md); 0: the whole embedding.", lower_bound=0)
 _OUT = flags.DEFINE_string("out", None, "Where ope.{md,json} go (default: the workdir).")
 _SPLIT = flags.DEFINE_enum("split", None, ["validation", "test"], "Only the episodes of this split's tasks in the "
                            "workdir's splits.json (training with config.data.holdout); default: every episode given.")

@@ -18,6 +18,7 @@ that measured cost is reported next to the budget: the check of the choice, not 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -94,8 +95,9 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
                  ) -> tuple[list[dict], list[dict]]:
     """Fitted-Q estimates on the held-out validation logs (see the module docstring for why not DR), of every router
     and every fixed model. J is Eq. 2's discounted return at each router's own lambda: FQE is linear in the
-    rewards, so two fits with the same resamples, at lambda 0 (J = discounted success) and at lambda 1, give J at
-    any lambda exactly as (1 - lambda) J_0 + lambda J_1, resample by resample."""
+    rewards, so the returns at lambda 0 (J = discounted success) and at lambda 1, fitted together as two channels
+    of one fit (the same resamples), give J at any lambda exactly as (1 - lambda) J_0 + lambda J_1, resample by
+    resample."""
     first = next(iter(routers.values()))
     gamma, c_ref, cal = first.config.reward.gamma, first.c_ref, config.calibrate
     store = embedding_store(config, first.encoder, workdir)  # the states' vectors, from the workdir's one cache
@@ -103,29 +105,27 @@ def _logged_rows(config, routers: dict[tuple[float, str], Router], validation: l
     references = offpolicy.reference_policies(first.pool, held.logs.available)   # the models available throughout
     models = [m for m in first.pool.names if f"fixed:{m}" in references]
     names = [f"{lam:g}/{stage}" for lam, stage in routers] + [f"fixed:{m}" for m in models]
-    logs = {0.0: held.logs, 1.0: ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))}
-    requests = ope.state_requests(logs[0.0], first.pool)  # the states, the targets and the features: lambda-free
+    at_one = ope.read_logs(validation, first.pool, Reward(1.0, gamma, c_ref))         # its return column: J_1
+    logs = dataclasses.replace(held.logs, reward=np.concatenate([held.logs.reward, at_one.reward[:, :1]], axis=1),
+                               discount=np.concatenate([held.logs.discount, at_one.discount[:1]]))
+    requests = ope.state_requests(logs, first.pool)  # the states, the targets and the features: lambda-free
     targets = [deploy.one_hot(deploy.choices(deploy.router_scores(r, held), held, r.commit), len(first.pool))
                for r in routers.values()]  # each router's choice at every state, from the cached vectors
     targets += [ope.target_distribution(references[f"fixed:{m}"], requests, first.pool) for m in models]
-    features = held.features
-    runs, ridge = [], None
-    for lam in (0.0, 1.0):
-        logging.info("calibrate: fitted-Q evaluation of %d policies at lambda %g (%d resamples)", len(names), lam,
-                     cal.resamples)
-        result = ope.evaluate(logs[lam], dict(zip(names, targets)), features, resamples=cal.resamples, seed=cal.seed,
-                              ridge=ridge, keep_draws=True)
-        ridge = result["ridge"]  # the second fit keeps the first's penalty: the same estimator at both lambdas
-        runs.append(result)
-    point = [{r["policy"]: r for r in result["rows"] if r["estimator"] == "FQE"} for result in runs]
-    draws = [result["draws"]["FQE"][:, :, 0] for result in runs]                                   # (B, P) J_0, J_1
+    features = heldout.principal_features(held.h, cal.max_features)
+    logging.info("calibrate: fitted-Q evaluation of %d policies at lambda 0 and 1 (%d resamples)", len(names),
+                 cal.resamples)
+    result = ope.evaluate(logs, dict(zip(names, targets)), features, resamples=cal.resamples, seed=cal.seed,
+                          keep_draws=True, channels=(*ope.CHANNELS, "return_at_1"))
+    point = {r["policy"]: r for r in result["rows"] if r["estimator"] == "FQE"}
+    draws = result["draws"]["FQE"][..., [0, 3]]                                               # (B, P, 2) J_0, J_1
     keys = ("success", "success_lo", "success_hi", "cost", "cost_lo", "cost_hi")
 
     def at(p: int, lam: float) -> dict:
         name = names[p]
-        j = (1 - lam) * point[0][name]["return"] + lam * point[1][name]["return"]
-        low, high = heldout.percentiles((1 - lam) * draws[0][:, p] + lam * draws[1][:, p])
-        return {"estimator": "FQE", **{k: point[0][name][k] for k in keys}, "return": float(j),
+        j = (1 - lam) * point[name]["return"] + lam * point[name]["return_at_1"]
+        low, high = heldout.percentiles((1 - lam) * draws[:, p, 0] + lam * draws[:, p, 1])
+        return {"estimator": "FQE", **{k: point[name][k] for k in keys}, "return": float(j),
                 "return_lo": low, "return_hi": high}
 
     rows = [{"lambda": lam, "stage": stage, **at(p, lam)} for p, (lam, stage) in enumerate(routers)]

@@ -42,7 +42,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from rivet_jax import ope
+from rivet_jax import fqe
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile
@@ -332,8 +332,8 @@ def modelled_floor(fit: HeldOut, seed: int = 0) -> np.ndarray:
     num_states, num_models = len(fit.h), fit.logs.available.shape[1]
     targets = np.broadcast_to(np.eye(num_models)[:, None, :], (num_models, num_states, num_models))  # (M, N, M)
     iterations = fit.logs.live.shape[1]
-    ridge, _ = ope.choose_ridge(fit.logs, fit.features, targets, iterations, seed=seed)
-    fitted = ope.fit_fqe(fit.logs, fit.features, targets, np.ones(num_states), ridge, iterations)
+    ridge, _ = fqe.choose_ridge(fit.logs, fit.features, targets, iterations, seed=seed)
+    fitted = fqe.fit_fqe(fit.logs, fit.features, targets, np.ones(num_states), ridge, iterations)
     return fitted.value[fit.logs.first][:, :, J].mean(axis=0)
 
 

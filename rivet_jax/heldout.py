@@ -54,13 +54,13 @@ class HeldOut:
 
 def principal_features(h: np.ndarray, k: int) -> np.ndarray:
     """FQE's features with the state embedding h (N, D) on its own top-k principal directions, [(h - mean) V_k, 1]
-    (N, k + 1); the plain [h, 1] when k >= D. A fit costs about N D^2 + M D^3 (each model's system), so on big logs
+    (N, k + 1); the plain [h, 1] when k >= D or k = 0 (`settings.FQE_FEATURES`: the commands' default). A fit costs about N D^2 + M D^3 (each model's system), so on big logs
     fewer dimensions are what makes a bootstrap of refits affordable: on the 49-model pool's test split (32,429
     states, D = 1024) k = 512 fits in 2.6 s instead of 7.9 s and moves each policy's FQE J by 0.001 on average (at
     most 0.014; k = 256: 1.3 s, 0.005, at most 0.058). With the ridge's unpenalised intercept, directions the states
     do not vary along change nothing: such h give the same fit."""
     h = np.asarray(h, np.float64)
-    if k < h.shape[1]:
+    if 0 < k < h.shape[1]:
         centred = h - h.mean(axis=0)
         _, vectors = np.linalg.eigh(centred.T @ centred)                                # ascending eigenvalues
         h = centred @ vectors[:, ::-1][:, :k]                                           # (N, k)

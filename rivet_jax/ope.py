@@ -40,14 +40,13 @@ logger giving every available model a positive probability (assumed of any logge
   Turns the proxy served (`Turn.router` recorded, `launch.serve`) are the exception: their propensity, 1 for a
   greedy turn included, is the exact probability of the one live policy that drew them, so they are used.
 
-Intervals: a percentile bootstrap over tasks, each drawn task bringing all its episodes (numpy, a fixed seed; the
-same B resamples for every policy and estimator; FQE refitted on each, so FQE's and (W)DR's intervals include the
-fitting's variance). Not `scipy.stats.bootstrap`: it calls one statistic per resample, where here one FQE refit
-serves every policy at once, and its BCa interval's jackknife would refit FQE n times.
+Intervals: a percentile bootstrap over tasks, each drawn task bringing all its episodes (a fixed seed; the same B
+resamples for every policy and estimator; FQE refitted on each, so FQE's and (W)DR's intervals include the fitting's
+variance; in `heap.numpy_phase`). Not `scipy.stats.bootstrap`: one statistic per call, and BCa's jackknife n refits.
 
 FQE's function class: per model m, ridge regression Q(s, m) = [h(s), 1] . W_m on the frozen-encoder embedding h(s)
 of the router's own state text (`serialize_state`), the intercept unpenalised, the penalty cross-validated over
-episodes and then weakened tenfold (`choose_ridge` says why). Linear, not the RIVET network with a TD loss: each
+episodes and then weakened tenfold (`fqe.choose_ridge` says why). Linear, not the RIVET network with a TD loss: each
 round is one closed-form solve per model, deterministic (no seed, learning rate or stopping rule to tune against
 the truth), fits every channel and target policy at once, and so is refitted on every bootstrap resample. Its error
 is what the class cannot represent: on RouteSim (`experiments/ope_validation.py`, docs/offpolicy.md) it was the
@@ -62,11 +61,13 @@ from typing import Mapping, Sequence
 import numpy as np
 from absl import logging
 
+from rivet_jax import heap
 from rivet_jax.data.replay import Reward, availability, turn_rewards
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import Policy, RandomPolicy, Request, decide
+from rivet_jax.fqe import RIDGES, choose_ridge, fit_fqe, fitted_at
 from rivet_jax.progress import Progress
 
 CHANNELS = ("return", "success", "cost")
@@ -92,6 +93,10 @@ class Logs:
     @property
     def first(self) -> np.ndarray:  # (n,) the row of each episode's first state
         return self.row[:, 0]
+
+    @property
+    def episode(self) -> np.ndarray:  # (N,) the episode each logged state belongs to
+        return np.repeat(np.arange(len(self.episodes)), self.live.sum(axis=1))
 
 
 def read_logs(episodes: Sequence[Episode], pool: ModelPool, reward: Reward) -> Logs:
@@ -228,131 +233,15 @@ def dr_terms(logs: Logs, weights: np.ndarray, q_logged: np.ndarray, value: np.nd
 # --------------------------------------------------------------------------------------------- fitted-Q evaluation
 
 
-def state_features(logs: Logs, encoder: Encoder, max_tokens: int) -> np.ndarray:
-    """(N, D + 1): the frozen encoder's embedding of each logged state's text (as the router serialises it), and 1."""
+def state_embeddings(logs: Logs, encoder: Encoder, max_tokens: int) -> np.ndarray:
+    """(N, D): the frozen encoder's embedding of each logged state's text (as the router serialises it); FQE's
+    features are these, or their top principal directions, and 1 (`heldout.principal_features`)."""
     texts = [serialize_state(e.task.prompt, e.turns[:t], encoder.count_tokens, max_tokens)
              for e in logs.episodes for t in range(len(e.turns))]
-    h = np.asarray(encoder.encode(texts), np.float64)
-    return np.concatenate([h, np.ones((len(h), 1))], axis=1)
-
-
-@dataclasses.dataclass(frozen=True)
-class FittedQ:
-    """FQE's Q for P target policies and C channels, read at the N logged states."""
-
-    value: np.ndarray   # (N, P, C) V(s) = sum_a pi(a | s) Q(s, a)
-    logged: np.ndarray  # (N, P, C) Q(s, a) of the logged model a
-    coef: np.ndarray    # (D, M, P, C) Q(s, m) = features(s) . coef[:, m]: Q at any other states (`fitted_at`)
-
-
-def fitted_at(fitted: FittedQ, logs: Logs, features: np.ndarray, targets: np.ndarray) -> FittedQ:
-    """A fitted Q read at other logs' states (features (N', D), targets (P, N', M)): the cross-fitted model."""
-    narrow = features.astype(np.float32)
-    return FittedQ(policy_values(narrow, fitted.coef, choosers(targets)),
-                   logged_q(narrow, fitted.coef, logs.action), fitted.coef)
-
-
-def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.ndarray, ridge: float,
-            iterations: int) -> FittedQ:
-    """`iterations` rounds of per-model ridge regression of r_tc + g_c (1 - d_t) V(s_{t+1}) on the transitions that
-    called the model, for P target policies `targets` (P, N, M) and every channel at once; transition k weighted by
-    `weights[k]` (a bootstrap resample's multiplicities; 0 = left out)."""
-    num_policies, num_states, num_models = targets.shape
-    dim = features.shape[1]
-    called = [np.flatnonzero((logs.action == m) & (weights > 0)) for m in range(num_models)]
-    weighted = [features[rows] * weights[rows, None] for rows in called]                           # (R_m, D)
-    # (X' W X + ridge I)^-1 per model, once: every round is then two matrix products (numpy's BLAS alone: a second
-    # library's thread pool beside it, e.g. scipy's, made these small products several times slower on 2 cores)
-    # A constant column (the intercept) is all but unpenalised: penalising it would shrink every value toward 0
-    # (1e-6 of the penalty keeps the system solvable for a model that no kept transition called).
-    varies = features.min(axis=0) != features.max(axis=0)
-    penalty = np.diag(ridge * np.where(varies, 1.0, 1e-6))                                         # (D, D)
-    inverses = [np.linalg.inv(features[rows].T @ x + penalty) for rows, x in zip(called, weighted)]
-    narrow = features.astype(np.float32)  # for `policy_values`
-    chosen_by = choosers(targets)
-    following = np.where(logs.terminal, 0, np.arange(num_states) + 1)                              # next state's row
-    coef = np.zeros((dim, num_models, num_policies, logs.reward.shape[1]))                         # (D, M, P, C)
-    for i in range(iterations):
-        value = policy_values(narrow, coef, chosen_by)                                     # (N, P, C)
-        future = value[following]
-        future[logs.terminal] = 0.0
-        y = logs.reward[:, None, :] + logs.discount[None, None, :] * future                         # (N, P, C)
-        for m, (inverse, rows, x) in enumerate(zip(inverses, called, weighted)):
-            # Q(., m) of the policies that choose m (all the values read), then every policy's (the logged Q's)
-            policies = np.arange(num_policies) if i == iterations - 1 else chosen_by[m][0]
-            if policies.size:
-                target = y[rows][:, policies].reshape(len(rows), -1)                               # (R_m, P_m C)
-                coef[:, m, policies] = (inverse @ (x.T @ target)).reshape(dim, len(policies), -1)
-    return FittedQ(policy_values(narrow, coef, chosen_by), logged_q(narrow, coef, logs.action), coef)
-
-
-def choosers(targets: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """For each model m, the policies that choose it at some state and their probabilities of it at every state:
-    targets (P, N, M) -> M pairs ((P_m,) policy indices, (N, P_m, 1) probabilities); computed once per fit."""
-    chosen = [np.flatnonzero(chooses) for chooses in targets.any(axis=1).T]
-    return [(policies, targets[policies, :, m].T[..., None]) for m, policies in enumerate(chosen)]
-
-
-def policy_values(features: np.ndarray, coef: np.ndarray, chosen_by: Sequence[tuple[np.ndarray, np.ndarray]]
-                  ) -> np.ndarray:
-    """V_p(s) = sum_m pi_p(m | s) Q_p(s, m) with Q_p(s, m) = [h(s), 1] . W[:, m, p]: features (N, D) float32, coef
-    (D, M, P, C), the policies choosing each model (`choosers`) -> (N, P, C). Q only for the policies that ever
-    choose each model (most policies never choose most of the 49-model pool's models), all in one product (one per
-    model read the (N, D) features 49 times there: 1.1 s a call, now 0.45), summed per policy by a product with the
-    one-hot rows of each column's policy. In float32 (the fit's most repeated step; rounding far below the noise)."""
-    num_states, num_policies, channels = features.shape[0], coef.shape[2], coef.shape[-1]
-    blocks = [(m, policies, probability) for m, (policies, probability) in enumerate(chosen_by) if policies.size]
-    wide = np.concatenate([coef[:, m, policies].transpose(0, 2, 1) for m, policies, _ in blocks],   # channel-major:
-                          axis=2).reshape(coef.shape[0], -1).astype(np.float32)  # (D, C K), rows reshape to (C, K)
-    columns = np.concatenate([policies for _, policies, _ in blocks])                       # (K,) the policy of each
-    probability = np.concatenate([p[..., 0] for *_, p in blocks], axis=1).astype(np.float32)  # (N, K)
-    weighted = (features @ wide).reshape(num_states, channels, len(columns)) * probability[:, None, :]  # (N, C, K)
-    value = weighted.reshape(-1, len(columns)) @ np.eye(num_policies, dtype=np.float32)[columns]   # (N C, P)
-    return value.reshape(num_states, channels, num_policies).transpose(0, 2, 1).astype(np.float64)
-
-
-def logged_q(features: np.ndarray, coef: np.ndarray, action: np.ndarray) -> np.ndarray:
-    """Q_p(s, a_s) at the logged model of every state, for every policy and channel: (N, P, C)."""
-    q = np.zeros((features.shape[0], *coef.shape[2:]))
-    for m in np.unique(action):
-        rows = np.flatnonzero(action == m)
-        flat = features[rows] @ coef[:, m].reshape(coef.shape[0], -1).astype(np.float32)         # (R_m, P C)
-        q[rows] = flat.astype(np.float64).reshape(len(rows), *coef.shape[2:])
-    return q
+    return np.asarray(encoder.encode(texts), np.float64)
 
 
 # ----------------------------------------------------------------------------------------------------- together
-
-
-RIDGES = (1e-3, 1e-2, 1e-1, 1.0, 10.0)
-UNDERSMOOTH = 10.0
-
-
-def choose_ridge(logs: Logs, features: np.ndarray, targets: np.ndarray, iterations: int, folds: int = 5,
-                 seed: int = 0) -> tuple[float, dict[float, float]]:
-    """FQE's ridge penalty: the one of `RIDGES` with the least squared TD error r + g (1 - d) V(s') - Q(s, a) of the
-    return on held-out episodes (FQE fitted without each of `folds` folds, errors summed over folds and targets),
-    divided by `UNDERSMOOTH`. A fixed penalty is wrong somewhere (1e-2 suits 10^4 logged turns and overfits 300).
-    The division: the penalty that best predicts single transitions (whose success rewards are coin flips) is too
-    strong for what FQE reports, a mean of V over first states, where a weaker penalty's variance averages out and its
-    smaller shrinkage does not; on RouteSim (docs/offpolicy.md) the validated penalty was 0.1 on its 987 held-out
-    episodes and 1 on 280, and a tenth of it gave the smaller errors against the exact values (mean absolute error of J over six
-    policies 0.023 against 0.036 on the 987; 0.033 against 0.042 over seven on the 280). Returns the penalty and every
-    candidate's error."""
-    fold = np.random.default_rng(seed).permutation(len(logs.episodes))[episode_of_rows(logs)] % folds   # (N,)
-    following = np.where(logs.terminal, 0, np.arange(len(fold)) + 1)
-    errors = {}
-    progress = Progress(f"OPE: FQE fits choosing the ridge penalty ({targets.shape[0]} policies)", len(RIDGES) * folds)
-    for ridge in RIDGES:
-        errors[ridge] = 0.0
-        for k in range(folds):
-            fitted = fit_fqe(logs, features, targets, (fold != k).astype(float), ridge, iterations)
-            progress.step()
-            value, logged = fitted.value[..., 0], fitted.logged[..., 0]                               # (N, P)
-            future = np.where(logs.terminal[:, None], 0.0, value[following])
-            td = logs.reward[:, None, 0] + logs.discount[0] * future - logged
-            errors[ridge] += float(np.square(td[fold == k]).sum())
-    return min(errors, key=errors.get) / UNDERSMOOTH, errors
 
 
 def bootstrap_counts(clusters: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -371,17 +260,13 @@ def task_clusters(logs: Logs) -> np.ndarray:  # (n,) the task of each episode, t
     return np.array([e.task.id for e in logs.episodes])
 
 
-def episode_of_rows(logs: Logs) -> np.ndarray:  # (N,) the episode each logged state belongs to
-    return np.repeat(np.arange(len(logs.episodes)), logs.live.sum(axis=1))
-
-
 def estimates(logs: Logs, targets: np.ndarray, weights: np.ndarray, supported: np.ndarray, features: np.ndarray,
               counts: np.ndarray, ridge: float, iterations: int) -> dict[str, np.ndarray]:
     """Every estimator for every target (P, N, M) and channel on one weighting of the episodes, `counts` (n,) (ones:
     the logs themselves; else a bootstrap resample's multiplicities): {estimator: (P, C)}, nan where undefined.
     `weights` (P, n, H) are the targets' cumulative importance weights, 0 on the episodes IS may not use; `supported`
     (n,) marks the episodes it may use (`Support.episodes`)."""
-    q = fit_fqe(logs, features, targets, counts[episode_of_rows(logs)], ridge, iterations)
+    q = fit_fqe(logs, features, targets, counts[logs.episode], ridge, iterations)
     out = {"FQE": np.einsum("n,npc->pc", counts, q.value[logs.first]) / counts.sum()}
     used = counts * supported
     if used.sum() == 0:
@@ -444,19 +329,19 @@ def support_stats(weights: np.ndarray) -> list[dict]:
     """Per target, from its final weights (n,): how many episodes it follows to the end (weight > 0) and their
     effective sample size (sum w)^2 / sum w^2. With few, IS and WIS rest on a handful of episodes and their bootstrap
     interval cannot show what unseen episodes with large weights would do."""
-    final = weights[:, :, -1]                                                                        # (P, n)
     return [{"followed": int((w > 0).sum()), "ess": float(w.sum() ** 2 / np.square(w).sum()) if w.any() else 0.0}
-            for w in final]
+            for w in weights[:, :, -1]]                                                          # (P, n) final weights
 
 
 def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray, *, resamples: int = 200,
              seed: int = 0, ridge: float | None = None, iterations: int | None = None, level: float = 0.95,
-             keep_draws: bool = False) -> dict:
+             keep_draws: bool = False, channels: Sequence[str] = CHANNELS) -> dict:
     """IS, WIS, FQE and DR of every named target distribution (N, M) (`target_distribution`), each channel with a
     percentile bootstrap interval at `level` over tasks (`bootstrap_counts`: episodes of one task are resampled
-    together). FQE runs `iterations` rounds, by default H (the longest
-    episode): each round carries value one turn further back, so H reach the first turn of every episode; its ridge
-    penalty is `ridge`, or (None) chosen by `choose_ridge` on the logs and kept for every resample.
+    together). FQE runs `iterations` rounds, by default H (the longest episode): each round carries value one turn
+    further back, so H reach the first turn of every episode; its ridge penalty is `ridge`, or (None) chosen by
+    `choose_ridge` (on the first channel) and kept for every resample. `channels` names the logs' reward columns
+    (`read_logs`' three; more, e.g. the return at another lambda, cost one fit less than another run).
 
     Returns {"support": the note on which episodes the IS family uses, "episodes": n, "supported": how many of them,
     "rows": one per policy and estimator: policy, estimator, each channel's estimate, <channel>_lo, <channel>_hi (nan
@@ -468,26 +353,29 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     stacked = np.stack([targets[name] for name in names])                                           # (P, N, M)
     support = logging_support(logs)
     weights = np.stack([np.where(support.episodes[:, None], cumulative_weights(logs, t), 0.0) for t in stacked])
-    iterations = iterations or logs.live.shape[1]
-    if ridge is None:
-        logging.info("OPE: choosing FQE's ridge penalty (%d candidates x 5 folds of %d episodes, %d policies)",
-                     len(RIDGES), len(logs.episodes), len(names))
-    chosen = {} if ridge is not None else dict(zip(("ridge", "ridge_errors"),
-                                                   choose_ridge(logs, features, stacked, iterations, seed=seed)))
-    ridge = chosen.get("ridge", ridge)
-    ones = np.ones(len(logs.episodes))
-    point = estimates(logs, stacked, weights, support.episodes, features, ones, ridge, iterations)
-    boot, progress = [], Progress(f"OPE bootstrap resamples ({len(names)} policies)", resamples)
-    for b, counts in enumerate(bootstrap_counts(task_clusters(logs), resamples, seed)):
-        boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations))
+    iterations, boot = iterations or logs.live.shape[1], []
+    with heap.numpy_phase():
+        if ridge is None:
+            logging.info("OPE: choosing FQE's ridge penalty (%d candidates x 5 folds of %d episodes, %d policies)",
+                         len(RIDGES), len(logs.episodes), len(names))
+        chosen = {} if ridge is not None else dict(zip(("ridge", "ridge_errors"),
+                                                       choose_ridge(logs, features, stacked, iterations, seed=seed)))
+        ridge = chosen.get("ridge", ridge)
+        progress = Progress(f"OPE: FQE on the logs, then {resamples} bootstrap resamples ({len(names)} policies)",
+                            resamples + 1)
+        point = estimates(logs, stacked, weights, support.episodes, features, np.ones(len(logs.episodes)), ridge,
+                          iterations)
         progress.step()
+        for counts in bootstrap_counts(task_clusters(logs), resamples, seed):
+            boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations))
+            progress.step()
     tail = 100 * (1 - level) / 2
     rows = []
     for p, (name, stats) in enumerate(zip(names, support_stats(weights))):
         for estimator in ESTIMATORS:
             draws = np.stack([b[estimator][p] for b in boot])                                       # (B, C)
             row = {"policy": name, "estimator": estimator}
-            for c, channel in enumerate(CHANNELS):
+            for c, channel in enumerate(channels):
                 estimate = float(point[estimator][p, c])
                 lo, hi = (np.nan, np.nan) if np.isnan(estimate) else np.nanpercentile(draws[:, c], [tail, 100 - tail])
                 row.update({channel: estimate, f"{channel}_lo": float(lo), f"{channel}_hi": float(hi)})

@@ -12,12 +12,13 @@ from absl import logging
 
 class Progress:
     """Counts the units of a long phase and logs `what: k/n, elapsed, ETA` when one finishes, at most every
-    `every_s` seconds (and always for the last), so a long job never goes quiet and never floods its log.
+    `every_s` seconds (and always for the last), so a long job never goes quiet and never floods its log: with units
+    of at most 5 s, a line at least every 20 s.
 
     A plain log line rather than a progress bar: the job's output is usually a file (a bar's carriage returns make
     one unreadable line there)."""
 
-    def __init__(self, what: str, total: int, every_s: float = 20.0, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, what: str, total: int, every_s: float = 15.0, clock: Callable[[], float] = time.perf_counter,
                  log: Callable[..., None] = logging.info):
         self.what, self.total, self.every_s, self.clock, self.log = what, total, every_s, clock, log
         self.done, self.started = 0, clock()

@@ -176,6 +176,11 @@ def availability_mask(pool: ModelPool, available: Iterable[str] | None) -> np.nd
     return mask
 
 
+# States per network call in `Router.scores_from_embeddings`: its (B, M, width) activations grow with the pool, and
+# scoring the 49-model pool's 32,429 held-out states in one call peaked at 6.9 GB (`launch.evaluate_logs`).
+SCORED_ROWS = 4096
+
+
 class Router:
     """Scores candidate models from pre-call information with a trained RVE, or with the mean of K trained RVEs
     (`Router.ensemble`): `params` holds one run's parameters, or K runs' stacked on a leading member axis."""
@@ -319,8 +324,9 @@ class Router:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask.
         `groups`: each state's task family (None: unknown), which a router recentred per group reads."""
         h = np.asarray(h, np.float32)
-        q = np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(h)), self._cards,
-                                      self.pessimism))[:len(h)]
+        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(part)),
+                                                      self._cards, self.pessimism))[:len(part)]
+                            for part in (h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS))])
         if self.recentring is not None:
             q = self.recentring(q.astype(np.float64), groups)
         if available is not None:

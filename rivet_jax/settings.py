@@ -37,6 +37,12 @@ CQL_ON = ("all", "stochastic")  # where Eq. 10 applies: every logged transition,
 # Weights of Eq. 1 and Eq. 11 far above this make every reward the cost term alone, or the CQL term alone: a run
 # that trains to the end on numbers of 1e30 says nothing. Success is worth 1 and c_ref is a typical turn's cost.
 MAX_WEIGHT = 1e3
+# Fitted-Q evaluation on held-out logs (launch.evaluate_logs, launch.calibrate) reads the state embedding on its top
+# FQE_FEATURES principal directions (`heldout.principal_features`): a refit costs about N D^2 + M D^3 and the bootstrap
+# refits 200 times, so on the 49-model pool's test split the whole embedding (D = 1024) would take about 34 min. On
+# RouteSim's logs 512 directions gave the whole embedding's FQE errors against the exact values, 256 larger ones
+# (docs/offpolicy.md).
+FQE_FEATURES = 512
 
 
 def is_number(value: Any) -> bool:
@@ -228,6 +234,8 @@ SETTINGS: dict[str, Setting] = {
                                default='validation'),
     "calibrate.resamples": Setting("bootstrap resamples of every 95% interval", *_INT1, default=200),
     "calibrate.seed": Setting("the bootstrap's draws", default=3),
+    "calibrate.max_features": Setting("own logs: FQE's principal directions of the state embedding (0: all of it)",
+                                      *_INT0, default=FQE_FEATURES),
     # One round of learning from live traffic (loop.py, launch.loop): the recorded episodes it adds, and the share of
     # their new tasks held out to prove a candidate's gain over the served router.
     "loop.recorded": Setting("the episodes the proxy recorded ('' = <workdir>/serve/episodes.jsonl)", default=''),

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rivet_jax import deploy, heldout, ope
+from rivet_jax import deploy, heldout
 from rivet_jax.baselines.best_fixed import BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.replay import Reward
@@ -168,13 +168,13 @@ def judge_on_logs(name: str, scores: np.ndarray, held: heldout.HeldOut, pool: Mo
                RANDOM: deploy.uniform(held)}
     if per_family is not None:
         episodes = held.logs.episodes
-        by_row = np.stack([per_family.scores(episodes[e].task.family, pool) for e in ope.episode_of_rows(held.logs)])
+        by_row = np.stack([per_family.scores(episodes[e].task.family, pool) for e in held.logs.episode])
         targets[BEST_PER_FAMILY] = deploy.one_hot(deploy.choices(by_row, held, commit), len(pool))
     estimates = heldout.log_estimates(held, {n: targets[n] for n in dict.fromkeys([name, *targets])},
                                      commit, resamples, seed)
     is_first = held.previous < 0
     if commit:  # a committed router keeps its first choice for the whole episode
-        picks = picks[held.logs.first[ope.episode_of_rows(held.logs)]]
+        picks = picks[held.logs.first[held.logs.episode]]
     # the switch rate compares each choice with the router's own at the episode's previous logged state
     routing = routing_of(pool.names, picks, is_first, np.where(is_first, -1, np.roll(picks, 1)))
     return verdict(estimates, name, routing, pool.names[int(np.argmax(floor))], identical_fixed(pool.names, picks),

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import evaluation, offpolicy, ope
+from rivet_jax import evaluation, fqe, offpolicy, ope
 from rivet_jax.heldout import principal_features
+from rivet_jax.settings import FQE_FEATURES
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.encoders import HashingEncoder
@@ -64,7 +65,7 @@ def test_fitted_q_evaluation_by_hand():
     logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
     turn = np.concatenate([np.arange(len(e.turns)) for e in logs.episodes])
     features = np.eye(2)[turn]
-    fitted = ope.fit_fqe(logs, features, always_a(logs)[None], np.ones(len(turn)), ridge=1e-9, iterations=2)
+    fitted = fqe.fit_fqe(logs, features, always_a(logs)[None], np.ones(len(turn)), ridge=1e-9, iterations=2)
     assert fitted.value[logs.first, 0, 0] == pytest.approx([0.1] * 4, abs=1e-6)
     # success: Q(s1, a) = 1, Q(s0, a) = (1 + 1 + 0) / 3; cost: Q(s1, a) = 0.2, Q(s0, a) = (0.3 + 0.3 + 0.3) / 3
     assert fitted.value[0, 0] == pytest.approx([0.1, 2 / 3, 0.3], abs=1e-6)
@@ -185,7 +186,7 @@ def routesim_logs():
     truth["random"] = ope_validation.exact_truth(sim, episodes, "random", Reward(lam, gamma, c_ref))
     logs = ope.read_logs(episodes, sim.pool, Reward(lam, gamma, c_ref))
     targets = offpolicy.targets_of(offpolicy.reference_policies(sim.pool), logs, sim.pool)
-    features = ope.state_features(logs, HashingEncoder(256), 16_384)
+    features = principal_features(ope.state_embeddings(logs, HashingEncoder(256), 16_384), 0)
     return episodes, truth, ope.evaluate(logs, targets, features, resamples=40, seed=0)
 
 
@@ -235,7 +236,8 @@ def test_evaluate_logs_end_to_end(tiny_router):
     assert "| RIVET (ours) | DR |" in table and "| fixed:apex-pro | IS (thin) |" in table
     fewer = offpolicy.evaluate_logs(workdir / "train", heldout / collect.EPISODES_FILE, heldout / collect.CARDS_FILE,
                                     baselines=False, resamples=10, out=workdir / "fewer", max_features=16)
-    assert fewer["fqe_features"] == 16 and saved["fqe_features"] > 16     # the whole embedding by default
+    assert fewer["fqe_features"] == 16        # by default the top FQE_FEATURES directions, or all of a narrower one
+    assert saved["fqe_features"] == min(FQE_FEATURES, config.encoder.dim) > 16
     assert [r["policy"] for r in fewer["rows"]] == [r["policy"] for r in result["rows"]]
 
 
@@ -331,11 +333,11 @@ def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over
     mixed = rng.dirichlet(np.ones(models), size=num_states) * (rng.random((num_states, models)) < 0.5)
     targets = np.stack([always(0), always(3), mixed / mixed.sum(1, keepdims=True).clip(1e-9), always(3)])
     dense = np.einsum("nd,dmpc,pnm->npc", features.astype(np.float64), coef, targets)      # every model's Q, summed
-    chosen_by = ope.choosers(targets)
+    chosen_by = fqe.choosers(targets)
     assert list(chosen_by[3][0]) == [1, 2, 3] and 0 not in chosen_by[1][0]                 # model 3: only those
-    np.testing.assert_allclose(ope.policy_values(features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fqe.policy_values(features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
     action = rng.integers(models, size=num_states)
-    np.testing.assert_allclose(ope.logged_q(features, coef, action),
+    np.testing.assert_allclose(fqe.logged_q(features, coef, action),
                                np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
                                rtol=1e-5, atol=1e-5)
 
@@ -351,14 +353,34 @@ def test_principal_features_of_states_on_few_directions_give_the_fit_of_the_whol
     targets = np.stack([ope.target_distribution(FixedModelPolicy(m), requests, POOL) for m in POOL.names]
                        + [np.full((n, len(POOL)), 1 / len(POOL))])
     plain = np.concatenate([h, np.ones((n, 1))], axis=1)
-    whole = ope.fit_fqe(logs, plain, targets, np.ones(n), 0.1, 3)
+    whole = fqe.fit_fqe(logs, plain, targets, np.ones(n), 0.1, 3)
     projected = principal_features(h, 2)
     assert projected.shape == (n, 3)
-    np.testing.assert_allclose(ope.fit_fqe(logs, projected, targets, np.ones(n), 0.1, 3).value, whole.value,
+    np.testing.assert_allclose(fqe.fit_fqe(logs, projected, targets, np.ones(n), 0.1, 3).value, whole.value,
                                atol=1e-4)
     np.testing.assert_array_equal(principal_features(h, 6), plain)
-    one = ope.fit_fqe(logs, principal_features(h, 1), targets, np.ones(n), 0.1, 3).value
+    one = fqe.fit_fqe(logs, principal_features(h, 1), targets, np.ones(n), 0.1, 3).value
     assert np.abs(one - whole.value).max() > 1e-3                      # a direction the states vary along: it counts
+
+
+def test_a_fit_that_leaves_episodes_out_reads_at_the_others_what_a_fit_on_the_others_alone_does():
+    """A bootstrap resample's or a fold's fit (weight 0 on some episodes) reads V only at the states of the episodes
+    it keeps: there it equals the fit on the logs of those episodes alone, every state's value included."""
+    episodes = two_turn_episodes(120, seed=5)
+    rng = np.random.default_rng(6)
+    multiplicity = rng.integers(0, 3, size=len(episodes)).astype(float)           # ~1/3 of the episodes left out
+    kept = [e for e, w in zip(episodes, multiplicity) if w > 0]
+    logs, alone = (ope.read_logs(e, POOL, reward=Reward(0.3, 0.9, 1.0)) for e in (episodes, kept))
+    features = np.concatenate([rng.normal(size=(len(logs.action), 3)), np.ones((len(logs.action), 1))], axis=1)
+    rows = np.repeat(multiplicity > 0, logs.live.sum(axis=1))                      # (N,) the kept episodes' states
+    targets = np.stack([ope.target_distribution(p, ope.state_requests(logs, POOL), POOL)
+                        for p in (FixedModelPolicy("a"), FixedModelPolicy("b"), RandomPolicy())])
+    weights = multiplicity[logs.episode]
+    fitted = fqe.fit_fqe(logs, features, targets, weights, 0.1, 2)
+    reference = fqe.fit_fqe(alone, features[rows], targets[:, rows], weights[rows], 0.1, 2)
+    np.testing.assert_allclose(fitted.value[rows], reference.value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fitted.logged[rows], reference.logged, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fitted.coef, reference.coef, rtol=1e-5, atol=1e-6)
 
 
 def test_fqe_fitting_each_models_choosing_policies_until_the_last_round_fits_what_fitting_all_does():
@@ -372,7 +394,7 @@ def test_fqe_fitting_each_models_choosing_policies_until_the_last_round_fits_wha
     targets = np.stack([ope.target_distribution(FixedModelPolicy(m), requests, POOL) for m in POOL.names]
                        + [np.full((len(logs.action), len(POOL)), 1 / len(POOL))])                # (P, N, M)
     weights, ridge, iterations = rng.integers(0, 3, size=len(logs.action)).astype(float), 0.1, 3
-    fitted = ope.fit_fqe(logs, features, targets, weights, ridge, iterations)
+    fitted = fqe.fit_fqe(logs, features, targets, weights, ridge, iterations)
     # Every policy regressed every round: the fit before this change, step by step
     varies = features.min(axis=0) != features.max(axis=0)
     penalty = np.diag(ridge * np.where(varies, 1.0, 1e-6))

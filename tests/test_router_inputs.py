@@ -73,3 +73,15 @@ def test_non_finite_parameters_do_not_route(router):
                       stacked=True)
     with pytest.raises(FloatingPointError, match="non-finite scores"):
         poisoned.route(TASK)
+
+
+def test_scores_of_many_states_are_taken_in_chunks_that_score_as_one_call(router, monkeypatch):
+    """Scoring is chunked (`SCORED_ROWS` states per network call, so a 49-model pool's tens of thousands of states do
+    not hold GBs of activations): 7 states in chunks of 3 (3, 3, 1, each padded) score as in one call."""
+    h = router.encoder.encode([router.state_text(f"{TASK} ({k})", []) for k in range(7)])
+    whole = router.scores_from_embeddings(h)
+    monkeypatch.setattr("rivet_jax.router.SCORED_ROWS", 3)
+    chunked = router.scores_from_embeddings(h)
+    assert chunked.shape == (7, len(router.pool))
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6, atol=1e-6)
+    assert router.scores_from_embeddings(h[:0]).shape == (0, len(router.pool))

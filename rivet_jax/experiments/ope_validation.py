@@ -33,6 +33,7 @@ from rivet_jax.envs import collect as collect_lib
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import RouteSim, make_routesim
+from rivet_jax.heldout import principal_features
 from rivet_jax.runs import check_same_config, collected_corpus, corpus_files, training_config
 from rivet_jax.offpolicy import RANDOM, reference_policies, targets_of, write_result
 from rivet_jax.router import Router
@@ -96,7 +97,8 @@ def validate_logs(config: ml_collections.ConfigDict, sim: RouteSim, router: Rout
     truth[ORACLE] = exact_truth(sim, episodes, "oracle", reward)
     truth[RIVET] = rollout_truth(sim, router, episodes, ope_config.rollouts, ope_config.rollout_seed)
     logging.info("OPE validation (%s logs): truth in %.0fs", name, time.perf_counter() - started)
-    features = ope.state_features(logs, router.encoder, router.config.max_state_tokens)
+    features = principal_features(ope.state_embeddings(logs, router.encoder, router.config.max_state_tokens),
+                                  ope_config.max_features)  # the same FQE as launch.evaluate_logs
     result = ope.evaluate(logs, targets_of(policies, logs, sim.pool), features, resamples=ope_config.resamples,
                           seed=ope_config.seed)
     for row in result["rows"]:

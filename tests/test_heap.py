@@ -1,0 +1,37 @@
+"""glibc's thresholds per kind of work (rivet_jax/heap.py): a numpy phase reuses its buffers, then the process's own
+thresholds come back, even when the phase fails; a process that never fixed them is left alone."""
+
+import pytest
+
+from rivet_jax import heap
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    made = []
+    monkeypatch.setattr(heap, "_set", lambda mmap_bytes, trim_bytes: made.append((mmap_bytes, trim_bytes)) or True)
+    monkeypatch.setattr(heap, "_fixed", False)
+    return made
+
+
+def test_a_numpy_phase_of_a_launcher_sets_its_thresholds_and_restores_the_launchers(calls):
+    assert heap.return_freed_memory_to_the_os()
+    with heap.numpy_phase():
+        assert calls == [heap.XLA_THRESHOLDS, heap.NUMPY_THRESHOLDS]
+    assert calls == [heap.XLA_THRESHOLDS, heap.NUMPY_THRESHOLDS, heap.XLA_THRESHOLDS]
+    with pytest.raises(RuntimeError):
+        with heap.numpy_phase():
+            raise RuntimeError("a failed fit")
+    assert calls[-1] == heap.XLA_THRESHOLDS and len(calls) == 5
+
+
+def test_a_process_that_never_fixed_its_thresholds_is_left_alone(calls):
+    with heap.numpy_phase():
+        pass
+    assert calls == []
+
+
+def test_on_glibc_the_thresholds_are_set():
+    if heap._libc() is None:
+        pytest.skip("not glibc: mallopt is absent and the thresholds are a no-op")
+    assert heap._set(*heap.XLA_THRESHOLDS)
