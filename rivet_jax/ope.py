@@ -301,9 +301,10 @@ def crossfit_dr(logs: Logs, features: np.ndarray, targets: np.ndarray, fit_logs:
     the episodes, e.g. disjoint halves of the tasks), "parts": one {"point", "draws", "supported", "episodes",
     "tasks"} per mask, each estimated on its own episodes alone with the one fitted model."""
     iterations = max(logs.live.shape[1], fit_logs.live.shape[1])
-    ridge, _ = choose_ridge(fit_logs, fit_features, fit_targets, iterations, seed=seed)
-    fitted = fitted_at(fit_fqe(fit_logs, fit_features, fit_targets, np.ones(len(fit_features)), ridge, iterations),
-                       logs, features, targets)
+    with heap.numpy_phase():  # 26 fits
+        ridge, _ = choose_ridge(fit_logs, fit_features, fit_targets, iterations, seed=seed)
+        fitted = fitted_at(fit_fqe(fit_logs, fit_features, fit_targets, np.ones(len(fit_features)), ridge,
+                                   iterations), logs, features, targets)
     support = logging_support(logs)
     terms = np.stack([dr_terms(logs, switched(np.where(support.episodes[:, None], cumulative_weights(logs, t), 0.0),
                                               max_weight),
