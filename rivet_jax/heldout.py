@@ -44,8 +44,8 @@ class HeldOut:
     previous: np.ndarray   # (N,) pool index of the model called at the previous logged turn; -1 at first turns
 
     @property
-    def features(self) -> np.ndarray:  # (N, D + 1) FQE's features
-        return np.concatenate([np.asarray(self.h, np.float64), np.ones((len(self.h), 1))], axis=1)
+    def features(self) -> np.ndarray:  # (N, D + 1) FQE's features on the whole embedding
+        return principal_features(self.h, 0)
 
     @property
     def families(self) -> list[str | None]:  # (N,) the task family of each logged state (None: none logged)
@@ -54,11 +54,12 @@ class HeldOut:
 
 def principal_features(h: np.ndarray, k: int) -> np.ndarray:
     """FQE's features with the state embedding h (N, D) on its own top-k principal directions, [(h - mean) V_k, 1]
-    (N, k + 1); the plain [h, 1] when k >= D or k = 0 (`settings.FQE_FEATURES`: the commands' default). A fit costs about N D^2 + M D^3 (each model's system), so on big logs
-    fewer dimensions are what makes a bootstrap of refits affordable: on the 49-model pool's test split (32,429
-    states, D = 1024) k = 512 fits in 2.6 s instead of 7.9 s and moves each policy's FQE J by 0.001 on average (at
-    most 0.014; k = 256: 1.3 s, 0.005, at most 0.058). With the ridge's unpenalised intercept, directions the states
-    do not vary along change nothing: such h give the same fit."""
+    (N, k + 1); the plain [h, 1] when k >= D or k = 0 (`settings.FQE_FEATURES`: the commands' default). A fit costs
+    about N D^2 + M D^3 (each model's system), so on big logs fewer dimensions are what makes a bootstrap of refits
+    affordable: on the 49-model pool's test split (32,429 states, D = 1024) k = 512 fits in 2.6 s instead of 7.9 s
+    and moves each policy's FQE J by 0.001 on average (at most 0.014; k = 256: 1.3 s, 0.005, at most 0.058). With
+    the ridge's unpenalised intercept, directions the states do not vary along change nothing: such h give the same
+    fit."""
     h = np.asarray(h, np.float64)
     if 0 < k < h.shape[1]:
         centred = h - h.mean(axis=0)
