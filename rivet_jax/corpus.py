@@ -116,8 +116,13 @@ def corpus_paths(config, workdir: Path) -> tuple[list[Path], Path]:
     return [directory / collect.EPISODES_FILE], directory / collect.CARDS_FILE
 
 
-def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> PreparedData:
-    """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir)."""
+def prepare_data(config, workdir: str | Path, c_ref: float | None = None,
+                 sharing: PreparedData | None = None) -> PreparedData:
+    """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir).
+
+    `sharing`: a corpus already prepared from the same logs (another lambda of one run group); where the text table
+    comes out the same, this one holds its embeddings and texts instead of a copy of each (the large MINT pool's
+    table is 400 MB)."""
     workdir = Path(workdir)
     episode_files, cards_path = corpus_paths(config, workdir)
     pool = read_model_cards(cards_path)
@@ -134,7 +139,10 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
     started = time.perf_counter()
     cache_dir = encoders.cache_dir(config, workdir)
     host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see engine.make_host_fed_group_epoch
-    if host_fed:
+    if _same_table(sharing, replay, encoder, host_fed):
+        replay = dataclasses.replace(replay, texts=sharing.replay.texts)
+        embeddings, how = sharing.data.embeddings, "the table of the run group's first corpus"
+    elif host_fed:
         embeddings, how = host_embeddings(config, encoder, cache_dir, replay), "host-fed table"
     else:
         store = EmbeddingStore(encoder, cache_dir)
@@ -146,6 +154,11 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None) -> Pre
     data = make_train_data(replay, embeddings, pool, on_host=host_fed)
     return PreparedData(pool=pool, encoder=encoder, replay=replay, data=data, c_ref=c_ref,
                         skipped=len(episode_file.skipped), digest=corpus_digest(episode_files, cards_path))
+
+
+def _same_table(sharing: PreparedData | None, replay: Replay, encoder: Encoder, host_fed: bool) -> bool:
+    return (sharing is not None and sharing.encoder.fingerprint == encoder.fingerprint
+            and isinstance(sharing.data.embeddings, np.ndarray) == host_fed and sharing.replay.texts == replay.texts)
 
 
 def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:

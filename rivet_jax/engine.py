@@ -121,7 +121,8 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
     Each process shuffles its own replay slice for every run (the indices `make_group_epoch` draws when there is
     one process), gathers `config.data.host_chunk_steps` batches at a time with numpy, each run's rows with its own
     rewards, and runs them as one jit'ed scan on the global batches its rows are part of. Dispatch is asynchronous,
-    so the host gathers the next chunk while the devices run this one."""
+    so the host gathers the next chunk while the devices run this one, and waits for the one before: at most two
+    chunks are held (the 100,000-episode run's peak, where the host outran the devices)."""
     batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
     num_slices, slice_index = jax.process_count(), jax.process_index()
     shuffle = jax.jit(sharding.epoch_batches, static_argnums=(1, 2, 3, 4))
@@ -145,6 +146,8 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
             states, chunk_metrics = group_chunk(states, sharding.global_batches(local, mesh, batch_axis=2), cards,
                                                 weights)
             metrics.append(chunk_metrics)
+            if len(metrics) > 1:  # one chunk in flight: unbounded, dispatch runs ahead and holds every gathered one
+                jax.block_until_ready(metrics[-2])
         metrics = jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
         return states, metrics, batches
 

@@ -42,13 +42,15 @@ def environment(config) -> Env:
 
 
 def prepare_all(configs: Sequence, workdirs: Sequence[Path]) -> list[PreparedData]:
-    """Each run's corpus, read once per distinct lambda (runs differ only in rewards and returns) with one c_ref."""
+    """Each run's corpus, read once per distinct lambda (runs differ only in rewards and returns) with one c_ref and
+    one embedding table."""
     by_lambda: dict[float, PreparedData] = {}
     prepared = []
     for config, workdir in zip(configs, workdirs):
         lam = float(config.reward.lam)
         if lam not in by_lambda:
-            by_lambda[lam] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir))
+            first = next(iter(by_lambda.values()), None)
+            by_lambda[lam] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir), sharing=first)
         prepared.append(by_lambda[lam])
     c_refs = {p.c_ref for p in by_lambda.values()}
     if len(c_refs) > 1:

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from rivet_jax.encoders import EmbeddingStore, Encoder, HashingEncoder, make_encoder
+from rivet_jax.encoders import store as store_module
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,6 +294,18 @@ def test_failed_shard_write_leaves_no_shard_and_no_tmp(tmp_path, monkeypatch):
     encoder = CountingEncoder()
     EmbeddingStore(encoder, tmp_path).embed(["a"])
     assert encoder.calls == [["a"]]
+
+
+def test_store_encodes_many_misses_a_bounded_number_at_a_time(monkeypatch, tmp_path):
+    """An encoder's working memory grows with its input: misses go to it ENCODED_PER_CALL texts at a time, with the
+    vectors (and the one shard written) those of one call on all of them."""
+    monkeypatch.setattr(store_module, "ENCODED_PER_CALL", 3)
+    encoder = CountingEncoder()
+    texts = [f"text {i}" for i in range(8)]
+    vectors = EmbeddingStore(encoder, tmp_path).embed(texts)
+    assert [len(call) for call in encoder.calls] == [3, 3, 2] and encoder.encoded_texts == texts
+    np.testing.assert_array_equal(vectors, CountingEncoder().encode(texts))
+    assert len(list(tmp_path.rglob(store_module.SHARD_GLOB))) == 1
 
 
 def test_store_with_hashing_encoder_matches_direct_encoding(tmp_path):

@@ -255,6 +255,22 @@ def test_the_shipped_tokenizer_counts_as_the_checkpoints_own(shared_corpus):
     assert default_token_counter().count_many(texts) == expected
 
 
+def test_the_tokenizer_encodes_a_bounded_number_of_texts_at_a_time(monkeypatch):
+    """One tokenizer call on the large pool's messages held ~3 GB of encodings: texts go ENCODED_PER_CALL at a time,
+    with the ids of encoding each alone."""
+    from rivet_jax.data.converters import mint_tokens
+
+    monkeypatch.setattr(mint_tokens, "ENCODED_PER_CALL", 2)
+    counter = mint_tokens.default_token_counter()
+    calls = []
+    encode_batch = counter._tokenizer.encode_batch
+    monkeypatch.setattr(counter, "_tokenizer", type("Spy", (), {"encode_batch": staticmethod(
+        lambda texts, **kwargs: calls.append(len(texts)) or encode_batch(texts, **kwargs))})())
+    texts = ["def f(x): return x", "Crème brûlée", "", "数学题", "a b c " * 50]
+    assert counter.token_ids(texts) == [encode_batch([t], add_special_tokens=False)[0].ids for t in texts]
+    assert calls == [2, 2, 1]
+
+
 @pytest.mark.slow
 def test_all_shared_episodes_convert(shared_corpus, tmp_path):
     pool, corpus, seconds = shared_corpus

@@ -167,3 +167,21 @@ def test_a_conservatism_grid_trains_its_mc_warm_start_once_per_seed(tmp_path):
     # A TD checkpoint is still the run's own: resuming it with another alpha is refused.
     with pytest.raises(checkpointing.ConfigChangedError, match="loss.alpha"):
         train.train_group([with_overrides(configs[1], {"loss.alpha": 0.5})], [workdirs[1]])
+
+
+def test_the_lambdas_of_a_group_share_one_embedding_table(tmp_path):
+    """Runs at other lambdas read the same texts: their corpora hold the first one's table and texts, not copies,
+    and only the rewards and returns differ, equal to each lambda's own corpus read alone."""
+    base = routesim_config.get_config("tiny")
+    base = runs.training_config(base, runs.collected_corpus(base, tmp_path))
+    configs = [with_overrides(base, {"reward.lam": lam, "data.embedding_cache": str(tmp_path / "embeddings")})
+               for lam in (0.1, 0.5, 0.1)]
+    workdirs = [tmp_path / str(i) for i in range(len(configs))]
+    first, other, again = train.prepare_all(configs, workdirs)
+    assert again is first
+    assert other.data.embeddings is first.data.embeddings and other.replay.texts is first.replay.texts
+    assert not np.allclose(other.replay.reward, first.replay.reward)
+    alone = corpus.prepare_data(configs[1], tmp_path / "alone", c_ref=first.c_ref)
+    np.testing.assert_array_equal(np.asarray(other.data.embeddings), np.asarray(alone.data.embeddings))
+    for name, column in alone.replay.arrays().items():
+        np.testing.assert_array_equal(other.replay.arrays()[name], column, err_msg=name)

@@ -36,6 +36,9 @@ from rivet_jax.encoders.base import Encoder, as_text_list, check_encoder_output
 FINGERPRINT_FILE = "fingerprint.txt"
 SHARD_GLOB = "shard-*.npz"
 KEY_DTYPE = np.dtype("S64")  # sha256 hex digest, 64 ASCII bytes
+# Texts per encoder call: an encoder's working memory grows with its input (the hashing encoder's float64 rows and
+# their normalised copy: 1.6 GB for the large MINT pool's 97,000 texts in one call).
+ENCODED_PER_CALL = 4096
 
 
 def text_key(text: str) -> bytes:
@@ -192,9 +195,11 @@ class EmbeddingStore:
                 self._stats["memory_hits"] += 1
         if not miss_texts:
             return
-        vectors = check_encoder_output(self.encoder, self.encoder.encode(miss_texts), len(miss_texts))
-        # Own a copy (M, dim): the encoder may reuse its output buffer.
-        vectors = np.array(vectors, dtype=np.float32, copy=True)
+        vectors = np.empty((len(miss_texts), self.dim), np.float32)  # (M, dim), owned: encoders may reuse buffers
+        for start in range(0, len(miss_texts), ENCODED_PER_CALL):
+            texts = miss_texts[start:start + ENCODED_PER_CALL]
+            vectors[start:start + len(texts)] = check_encoder_output(self.encoder, self.encoder.encode(texts),
+                                                                     len(texts))
         self._stats["encoded"] += len(miss_texts)
         if self.cache_path is not None:
             # Write before remembering, so a failed write leaves memory and
