@@ -50,6 +50,10 @@ def config_problems(config) -> list[str]:
             holdout.validation + holdout.test > 0.9):
         problems.append(f"data.holdout: validation + test is {holdout.validation + holdout.test:g}, expected at most "
                         f"0.9 (the rest of the tasks train)")
+    reward = config.get("reward")
+    if config.get("stage") in ONLINE_STAGES and reward is not None and reward.get("lam_range"):
+        problems.append(f"stage: {config.stage!r} adapts online at one lambda, and reward.lam_range trains every "
+                        f"lambda (the offline stages only, for now): use stage 'offline', or reward.lam_range=()")
     if config.get("stage") in ONLINE_STAGES and "sim" not in config:
         problems.append(f"stage: {config.stage!r} acts in an environment, and this config has none (`sim`): use "
                         f"configs/routesim.py, or stage 'offline'")

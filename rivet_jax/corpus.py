@@ -79,7 +79,8 @@ def gather_batch(data: TrainData, idx) -> Batch:
     rows = jax.tree.map(lambda x: x[idx], data.replay)
     return Batch(h_t=data.embeddings[rows["state"]], h_tp1=data.embeddings[rows["next_state"]],
                  e_o=data.embeddings[rows["response"]], action=rows["action"], reward=rows["reward"],
-                 done=rows["done"], mc_return=rows["mc_return"], available=rows["available"],
+                 done=rows["done"], mc_return=rows["mc_return"], cost=rows["cost"], cost_return=rows["cost_return"],
+                 lam=rows["lam"], available=rows["available"],
                  next_available=rows["next_available"], stochastic=rows["stochastic"])
 
 

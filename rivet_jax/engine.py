@@ -137,12 +137,13 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
         states = sharding.replicate(states, mesh)  # the outputs are placed: a placed and an unplaced state would
         cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)  # compile twice
         weights = sharding.replicate(values.weights, mesh)
-        reward, mc_return = np.asarray(values.reward), np.asarray(values.mc_return)  # (R, N)
+        reward, mc_return, lam = (np.asarray(v) for v in (values.reward, values.mc_return, values.lam))  # (R, N)
         runs = np.arange(len(keys))[:, None, None]
         metrics = []
         for start in range(0, batches.shape[1], chunk):
             idx = batches[:, start:start + chunk]                                    # (R, K, b)
-            local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx])
+            local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx],
+                                                     lam=lam[runs, idx])
             states, chunk_metrics = group_chunk(states, sharding.global_batches(local, mesh, batch_axis=2), cards,
                                                 weights)
             metrics.append(chunk_metrics)

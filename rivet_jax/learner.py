@@ -21,7 +21,7 @@ import optax
 
 from rivet_jax import losses
 from rivet_jax.data.cards import placeholder_cards
-from rivet_jax.data.replay import Batch
+from rivet_jax.data.replay import Batch, at_lambda
 from rivet_jax.data.schema import ModelPool
 from rivet_jax.networks import RivetNet, init_params
 from rivet_jax.run_identity import flatten
@@ -29,6 +29,8 @@ from rivet_jax.settings import PER_RUN, LossWeights, Optim, UpdateRule
 
 # Every stage's PRNG stream is folded from the run seed with its own id.
 STAGE_IDS = {"mc": 0, "td": 1, "online": 2}
+# The stream of a lambda-conditioned update's draws, folded from the stage key (shuffles fold in the epoch).
+LAMBDA_DRAWS = 7_919
 
 
 @flax.struct.dataclass
@@ -78,14 +80,26 @@ def apply_gradients(state: TrainState, tx, grads, sync_steps: int) -> TrainState
     return state.replace(params=params, target_params=target_params, opt_state=opt_state, step=step)
 
 
+def draw_lambdas(key: jax.Array, shape: tuple, lam_range: tuple) -> jax.Array:
+    """lambda per transition from [low, high], as low + (high - low) u^2 (u uniform): denser near low, where the
+    trade-off turns (on 15-turn episodes lambda 0.05 already makes cost dominate J)."""
+    low, high = lam_range
+    return low + (high - low) * jnp.square(jax.random.uniform(key, shape))
+
+
 def make_update(net: RivetNet, tx, rule: UpdateRule, stage: str) -> Callable:
     """One gradient update on a gathered batch: (state, batch, cards, weights) -> (state, metrics). Not jit'ed.
 
-    `weights` (`LossWeights`): a run's own, as plain floats or (a run group) traced values."""
+    `weights` (`LossWeights`): a run's own, as plain floats or (a run group) traced values. With `rule.lam_range`
+    every transition's rewards and returns are moved to a lambda drawn for it (`replay.at_lambda`), the network's
+    input, from the state's key and step: a resumed run draws the same."""
     loss_fn = functools.partial(losses.rivet_loss, net=net, gamma=rule.gamma, huber_delta=rule.huber_delta,
                                 stage=stage)
 
     def update(state: TrainState, batch: Batch, cards, weights: LossWeights):
+        if rule.lam_range:
+            key = jax.random.fold_in(jax.random.fold_in(state.key, LAMBDA_DRAWS), state.step)
+            batch = at_lambda(batch, draw_lambdas(key, batch.reward.shape, rule.lam_range))
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, state.target_params, batch,
                                                                          cards, weights)
         metrics["grad_norm"] = optax.tree.norm(grads)
@@ -123,18 +137,19 @@ class RunValues(NamedTuple):
     weights: LossWeights  # each (R,) float32
     reward: jax.Array     # (R, N) float32 r_t of the logged replay at each run's lambda
     mc_return: jax.Array  # (R, N) float32 G_t at each run's lambda
+    lam: jax.Array        # (R, N) float32 each run's lambda
 
 
 def run_values(weights: Sequence[LossWeights], replays: Sequence[dict]) -> RunValues:
     """The values of runs r = (its loss weights, the `TrainData.replay` of its corpus read at its lambda)."""
     column = lambda name: jnp.stack([jnp.asarray(replay[name], jnp.float32) for replay in replays])
     return RunValues(weights=LossWeights(*(jnp.asarray(w, jnp.float32) for w in zip(*weights))),
-                     reward=column("reward"), mc_return=column("mc_return"))
+                     reward=column("reward"), mc_return=column("mc_return"), lam=column("lam"))
 
 
 def with_run_rewards(batch: Batch, values: RunValues, idx: jax.Array) -> Batch:
     """A gathered batch of logged transitions `idx` with one run's rewards and returns (inside a vmap over runs)."""
-    return batch._replace(reward=values.reward[idx], mc_return=values.mc_return[idx])
+    return batch._replace(reward=values.reward[idx], mc_return=values.mc_return[idx], lam=values.lam[idx])
 
 
 @jax.jit

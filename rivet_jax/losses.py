@@ -85,13 +85,15 @@ def rivet_loss(params, target_params, batch: Batch, cards, w: LossWeights, *, ne
     floats, or a run's traced values), `huber_delta` Eq. 7's delta, `gamma` the discount of the TD target.
     """
     e_o = batch.e_o * w.response
-    q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o,
+    q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o, batch.lam,
                               method=RivetNet.q_both)                                              # (B, M), (B,)
     if stage == "mc":
         target = batch.mc_return
     else:
-        q_tp1_online = net.apply({"params": params}, batch.h_tp1, cards, method=RivetNet.q_route)         # (B, M)
-        q_tp1_target = net.apply({"params": target_params}, batch.h_tp1, cards, method=RivetNet.q_route)  # (B, M)
+        # a lambda-conditioned network bootstraps from its own policy at the transition's lambda (m*_{t+1}(lambda))
+        q_tp1_online = net.apply({"params": params}, batch.h_tp1, cards, batch.lam, method=RivetNet.q_route)
+        q_tp1_target = net.apply({"params": target_params}, batch.h_tp1, cards, batch.lam,
+                                 method=RivetNet.q_route)                                          # (B, M) each
         # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
         target = batched_double_dqn_target(batch.reward, batch.done, gamma,
                                            jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)

@@ -2,13 +2,16 @@
 
     z_m        = g(e_m, x_m, mask)              card projector                     (M, card_dim)
     z(s, m)    = a(h_t, z_m)                    state adapter                      (B, M, hidden)
+    z(s, m; l) = (1 + a(l)) z(s, m) + b(l)      lambda FiLM (lambda-conditioned)   (B, M, hidden)
     Q_route    = f_route(z(s, m))               RVE head, deployed                 (B, M)
     Q_resp     = f_resp(z(s, m_t), p(e(o_t)))   RIVE head + response projector p   (B,)
 
 The adapter's first layer is linear in [h; z_m], so it splits into W_h h + W_z z_m: the state path (the large
 D x hidden matmul) runs once per state and is broadcast over the M candidates, never once per (state, model) pair.
 The card projector and the adapter are shared; the two heads have separate parameters. Deployment needs only
-`card_projector`, `state_adapter` and `route_head` (see `RVE_MODULES`).
+`card_projector`, `state_adapter` and `route_head` (see `RVE_MODULES`), and `lambda_film` when the network is
+lambda-conditioned: one run then values every trade-off between success and cost, lambda being an input (FiLM on
+the shared representation, so both heads see it) instead of a constant of the rewards.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import numpy as np
 from rivet_jax.data.cards import CARD_INPUTS, input_columns
 
 RVE_MODULES = ("card_projector", "state_adapter", "route_head")
+FILM_MODULE = "lambda_film"  # read by q_route too, in a lambda-conditioned network
+# The lambda scale of the conditioning features: lambda is in units of c_ref (one mean turn), where 0.01 already
+# moves a 15-turn episode's J by 0.15.
+LAMBDA_SCALE = 0.01
 
 
 class CardProjector(nn.Module):
@@ -58,6 +65,25 @@ class StateAdapter(nn.Module):
         return nn.gelu(nn.Dense(self.hidden, name="out")(fused))
 
 
+def lambda_features(lam):  # (B,) -> (B, 2)
+    """lambda as the network reads it: itself and log(1 + lambda / LAMBDA_SCALE), which spreads the small lambdas
+    where the trade-off turns (lambda 0 to 0.05) as widely as the large ones."""
+    lam = jnp.asarray(lam, jnp.float32)
+    return jnp.stack([lam, jnp.log1p(lam / LAMBDA_SCALE)], axis=-1)
+
+
+class LambdaFiLM(nn.Module):
+    """z(s, m; lambda) = (1 + scale(lambda)) z(s, m) + shift(lambda): the same modulation for every candidate."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, z, lam):  # (B, M, H), (B,) -> (B, M, H)
+        hidden = nn.gelu(nn.Dense(self.hidden, name="in")(lambda_features(lam)))         # (B, H)
+        scale, shift = jnp.split(nn.Dense(2 * z.shape[-1], name="out")(hidden), 2, axis=-1)
+        return z * (1.0 + scale[:, None, :]) + shift[:, None, :]
+
+
 class ValueHead(nn.Module):
     """A small MLP from features to one scalar value."""
 
@@ -87,6 +113,7 @@ class RivetNet(nn.Module):
     head_hidden: int = 64
     response_dim: int = 64
     card_inputs: tuple[str, ...] = CARD_INPUTS
+    lambda_conditioned: bool = False  # lambda an input (`lam`, (B,)); else the network ignores it
 
     def setup(self):
         self.card_projector = CardProjector(self.hidden, self.card_dim, self.card_inputs)
@@ -94,23 +121,26 @@ class RivetNet(nn.Module):
         self.route_head = ValueHead(self.head_hidden)
         self.response_projector = ResponseProjector(self.hidden, self.response_dim)
         self.resp_head = ValueHead(self.head_hidden)
+        if self.lambda_conditioned:
+            self.lambda_film = LambdaFiLM(self.head_hidden)
 
-    def representation(self, h, cards):  # (B, D), card inputs -> (B, M, hidden)
-        return self.state_adapter(h, self.card_projector(*cards))
+    def representation(self, h, cards, lam=None):  # (B, D), card inputs, (B,) -> (B, M, hidden)
+        z = self.state_adapter(h, self.card_projector(*cards))
+        return self.lambda_film(z, lam) if self.lambda_conditioned else z
 
-    def q_route(self, h, cards):  # (B, D) -> (B, M)
+    def q_route(self, h, cards, lam=None):  # (B, D) -> (B, M)
         """Q_route(s, m) for every candidate (Eq. 4): pre-call information only."""
-        return self.route_head(self.representation(h, cards))
+        return self.route_head(self.representation(h, cards, lam))
 
-    def q_both(self, h, cards, action, e_o):  # (B, D), (B,), (B, D) -> (B, M), (B,)
+    def q_both(self, h, cards, action, e_o, lam=None):  # (B, D), (B,), (B, D) -> (B, M), (B,)
         """Q_route for every candidate and Q_resp(s, m_t, o_t) for the executed one (Eq. 6), sharing z."""
-        z = self.representation(h, cards)                                        # (B, M, H)
+        z = self.representation(h, cards, lam)                                   # (B, M, H)
         z_taken = jnp.take_along_axis(z, action[:, None, None], axis=1)[:, 0]   # (B, H)
         q_resp = self.resp_head(jnp.concatenate([z_taken, self.response_projector(e_o)], axis=-1))
         return self.route_head(z), q_resp
 
     def __call__(self, h, cards, action, e_o):
-        return self.q_both(h, cards, action, e_o)
+        return self.q_both(h, cards, action, e_o, jnp.zeros(h.shape[:1]) if self.lambda_conditioned else None)
 
 
 def make_network(config: Any) -> RivetNet:
@@ -118,7 +148,13 @@ def make_network(config: Any) -> RivetNet:
     where a config, e.g. an older checkpoint's, has none)."""
     return RivetNet(hidden=config.model.hidden, card_dim=config.model.card_dim,
                     head_hidden=config.model.head_hidden, response_dim=config.model.response_dim,
-                    card_inputs=tuple(config.model.get("card_inputs", CARD_INPUTS)))
+                    card_inputs=tuple(config.model.get("card_inputs", CARD_INPUTS)),
+                    lambda_conditioned=lambda_conditioned(config))
+
+
+def lambda_conditioned(config: Any) -> bool:
+    """Whether `config`'s runs draw lambda per transition (`reward.lam_range`: (low, high)) and take it as an input."""
+    return len(config.reward.get("lam_range", ())) == 2
 
 
 def init_params(net: RivetNet, key: jax.Array, state_dim: int, cards) -> dict:
@@ -155,7 +191,7 @@ def _jit_init(net: RivetNet, key: jax.Array, h: jax.Array, cards) -> dict:
 
 def rve_params(params: dict) -> dict:
     """The deployable subset: what `q_route` reads."""
-    return {name: params[name] for name in RVE_MODULES}
+    return {name: params[name] for name in (*RVE_MODULES, FILM_MODULE) if name in params}
 
 
 def pad_rows(x: np.ndarray) -> np.ndarray:

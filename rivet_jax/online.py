@@ -59,7 +59,8 @@ def empty_replay(capacity: int, dim: int, num_models: int) -> Batch:
     """Fixed-capacity new replay of one run, on device: vectors instead of text indices."""
     return Batch(h_t=jnp.zeros((capacity, dim)), h_tp1=jnp.zeros((capacity, dim)), e_o=jnp.zeros((capacity, dim)),
                  action=jnp.zeros(capacity, jnp.int32), reward=jnp.zeros(capacity), done=jnp.zeros(capacity),
-                 mc_return=jnp.zeros(capacity), available=jnp.ones((capacity, num_models), bool),
+                 mc_return=jnp.zeros(capacity), cost=jnp.zeros(capacity), cost_return=jnp.zeros(capacity),
+                 lam=jnp.zeros(capacity), available=jnp.ones((capacity, num_models), bool),
                  next_available=jnp.ones((capacity, num_models), bool), stochastic=jnp.zeros(capacity))
 
 

@@ -38,7 +38,8 @@ from rivet_jax.data.validation import DataError
 from rivet_jax.deployment_file import check_models, has_deployment, read_deployment_spec
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
-from rivet_jax.networks import RivetNet, init_params, make_network, pad_rows, rve_params
+from rivet_jax.networks import RivetNet, init_params, lambda_conditioned, make_network, pad_rows, rve_params
+from rivet_jax.settings import MAX_WEIGHT, is_number
 
 # A history turn: a Turn, or any mapping with "response" and "feedback" (and optionally "model").
 HistoryTurn = Turn | Mapping[str, str]
@@ -193,6 +194,7 @@ class Router:
         self.c_ref = c_ref  # the reference cost the router was trained with (Eq. 1), for evaluations
         self.encoder = encoder
         self.config = config
+        self.lam = float(config.reward.lam)  # the trade-off it routes for (`at_lambda`: another, if conditioned)
         self._net = make_network(config)
         rve = rve_params(params)
         self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
@@ -268,7 +270,8 @@ class Router:
                 raise ValueError(f"ensemble member {i} does not match member 0: " + "; ".join(differences))
         params = jax.tree.map(lambda *xs: jnp.concatenate(xs), *[m._params for m in members])        # (K, ...)
         return cls(params, first.pool, first.encoder, first.config, first._card_embeddings, c_ref=first.c_ref,
-                   stacked=True, choice=Choice(pessimism=float(pessimism)), capability_names=first._capability_names)
+                   stacked=True, choice=Choice(pessimism=float(pessimism)),
+                   capability_names=first._capability_names).at_lambda(first.lam)
 
     def with_choice(self, choice: Choice) -> "Router":
         """This router (the same parameters, shared) choosing by `choice`: a candidate of `rivet_jax.deploy` as
@@ -279,8 +282,25 @@ class Router:
 
     @property
     def reward(self) -> Reward:
-        """The reward it was trained for (Eqs. 1-2): its config's lambda and gamma, its c_ref."""
-        return Reward.of(self.config, self.c_ref)
+        """The reward it routes for (Eqs. 1-2): its lambda (its config's unless `at_lambda`), gamma, c_ref."""
+        return Reward(self.lam, float(self.config.reward.gamma), self.c_ref)
+
+    @property
+    def lambda_conditioned(self) -> bool:
+        """Whether lambda is an input of its network (trained with `reward.lam_range`), so it routes at any."""
+        return lambda_conditioned(self.config)
+
+    def at_lambda(self, lam: float) -> "Router":
+        """This router (the same parameters, shared) routing for cost weight `lam` (Eq. 1, in units of c_ref). A
+        fixed-lambda router routes only at the lambda it was trained for."""
+        if not (is_number(lam) and 0 <= lam <= MAX_WEIGHT):
+            raise ValueError(f"lambda must be a number in [0, {MAX_WEIGHT:g}], got {lam!r}")
+        if not self.lambda_conditioned and float(lam) != float(self.config.reward.lam):
+            raise ValueError(f"this router was trained for lambda {self.config.reward.lam:g} only; a router trained "
+                             f"with --config.reward.lam_range='(low, high)' takes lambda as an input")
+        router = copy.copy(self)
+        router.lam = float(lam)
+        return router
 
     @property
     def pessimism(self) -> float:
@@ -304,7 +324,7 @@ class Router:
                              "to the router it was deployed from (Router.from_checkpoint(workdir, stage=...))")
         pool, embeddings = with_new_cards(self.pool, self._card_embeddings, cards, self.encoder)
         return Router(self._params, pool, self.encoder, self.config, embeddings, c_ref=self.c_ref, stacked=True,
-                      choice=self.choice, capability_names=self._capability_names)
+                      choice=self.choice, capability_names=self._capability_names).at_lambda(self.lam)
 
     @property
     def members(self) -> int:
@@ -325,7 +345,7 @@ class Router:
         `groups`: each state's task family (None: unknown), which a router recentred per group reads."""
         h = np.asarray(h, np.float32)
         q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(part)),
-                                                      self._cards, self.pessimism))[:len(part)]
+                                                      self._cards, self.pessimism, self.lam))[:len(part)]
                             for part in (h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS))])
         if self.recentring is not None:
             q = self.recentring(q.astype(np.float64), groups)
@@ -369,10 +389,11 @@ class Router:
         return self.pool.index(model) if isinstance(model, str) and model in self.pool else -1
 
     def route(self, task: str, history: Sequence[HistoryTurn] = (), available: Iterable[str] | None = None,
-              family: str | None = None) -> RouteDecision:
+              family: str | None = None, lam: float | None = None) -> RouteDecision:
         """The model to call next for `task` (of `family`, where known) after `history`, among `available`
-        (default: the whole pool)."""
-        q = self.scores([(task, history)], None if available is None else [available], [family])[0]
+        (default: the whole pool), for cost weight `lam` (default: the router's; see `at_lambda`)."""
+        router = self if lam is None else self.at_lambda(lam)
+        q = router.scores([(task, history)], None if available is None else [available], [family])[0]
         if np.isnan(q).any() or np.isposinf(q).any():  # an argmax over NaN would pick a model at random
             raise FloatingPointError(f"non-finite scores {dict(zip(self.pool.names, q.tolist()))} for this state")
         return RouteDecision(model=self.pool.names[int(np.argmax(q))],
@@ -451,9 +472,11 @@ def _ensemble_differences(a: Router, b: Router) -> list[str]:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _q_route_lower(net: RivetNet, params: dict, h: jax.Array, cards, pessimism: float) -> jax.Array:
-    """Q_route (B, M) over the members of stacked parameters (K, ...): mean - pessimism * sd (K = 1: one run's)."""
-    q = jax.vmap(lambda p: net.apply({"params": p}, h, cards, method=RivetNet.q_route))(params)   # (K, B, M)
+def _q_route_lower(net: RivetNet, params: dict, h: jax.Array, cards, pessimism: float, lam: float) -> jax.Array:
+    """Q_route (B, M) over the members of stacked parameters (K, ...): mean - pessimism * sd (K = 1: one run's), at
+    `lam` where the network takes it."""
+    lam = jnp.full(h.shape[:1], lam, jnp.float32)                                                          # (B,)
+    q = jax.vmap(lambda p: net.apply({"params": p}, h, cards, lam, method=RivetNet.q_route))(params)   # (K, B, M)
     return q.mean(axis=0) - pessimism * q.std(axis=0)
 
 

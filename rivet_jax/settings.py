@@ -57,6 +57,11 @@ def within(low: float, high: float, low_open: bool = False) -> Callable[[Any], b
     return lambda v: is_number(v) and (v > low if low_open else v >= low) and v <= high
 
 
+def is_lambda_range(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and (len(value) == 0 or (
+        len(value) == 2 and all(map(within(0.0, MAX_WEIGHT), value)) and value[0] <= value[1]))
+
+
 def at_least(low: int) -> Callable[[Any], bool]:
     return lambda v: is_integer(v) and v >= low
 
@@ -160,6 +165,10 @@ SETTINGS: dict[str, Setting] = {
     "reward.lam": Setting("lambda, the cost weight of Eq. 1", within(0.0, MAX_WEIGHT),
                           f"a number in [0, {MAX_WEIGHT:g}] (the cost weight of Eq. 1)", RUN, per_run=True,
                           suspect=True, default=0.05),
+    "reward.lam_range": Setting("lambda-conditioned training: each transition's lambda drawn from [low, high] "
+                                "(denser near low) and read by the network, one run for every trade-off; () = the "
+                                "fixed reward.lam", is_lambda_range,
+                                f"() or (low, high) with 0 <= low <= high <= {MAX_WEIGHT:g}", RUN, default=()),
     "reward.gamma": Setting("the discount of Eq. 2", within(0.0, 1.0, low_open=True), "a discount in (0, 1]", RUN,
                             suspect=True, default=0.99),
     "reward.c_ref": Setting("the cost unit of Eq. 1 (None: the training corpus' mean per-turn cost)",
@@ -412,11 +421,13 @@ class UpdateRule(NamedTuple):
     gamma: float        # the discount of the TD target (Eqs. 8-9)
     huber_delta: float  # Eq. 7's Huber delta
     sync_steps: int     # updates between target-network copies
+    lam_range: tuple = ()  # (low, high): every transition's lambda drawn from it (`reward.lam_range`)
 
     @classmethod
     def of(cls, config) -> "UpdateRule":
         return cls(gamma=float(config.reward.gamma), huber_delta=float(config.loss.huber_delta),
-                   sync_steps=int(config.target_sync_steps))
+                   sync_steps=int(config.target_sync_steps),
+                   lam_range=tuple(float(x) for x in config.reward.get("lam_range", ())))
 
 
 class Optim(NamedTuple):

@@ -109,7 +109,8 @@ def test_cql_on_stochastic_choices_only_averages_over_those_transitions():
     params = init_params(net, jax.random.key(0), d, cards)
     vec = lambda: jnp.asarray(rng.normal(size=(b, d)), jnp.float32)
     batch = Batch(h_t=vec(), h_tp1=vec(), e_o=vec(), action=jnp.array([0, 1, 2, 0]), reward=jnp.zeros(b),
-                  done=jnp.ones(b), mc_return=jnp.zeros(b), available=jnp.ones((b, m), bool),
+                  done=jnp.ones(b), mc_return=jnp.zeros(b), cost=jnp.zeros(b), cost_return=jnp.zeros(b),
+                  lam=jnp.zeros(b), available=jnp.ones((b, m), bool),
                   next_available=jnp.ones((b, m), bool), stochastic=jnp.array([1.0, 0.0, 1.0, 0.0]))
     q = net.apply({"params": params}, batch.h_t, cards, method=RivetNet.q_route)                  # (B, M)
     per_row = np.array([losses.cql(q[i], batch.action[i], batch.available[i]) for i in range(b)])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rivet_jax.data.replay import Reward, build_replay, reference_cost
+from rivet_jax.data.replay import Reward, at_lambda, build_replay, episode_rows, reference_cost, transition_batch
 from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.data.serialize import episode_state_texts, serialize_state
 from rivet_jax.envs.collect import demo_corpus
@@ -97,6 +97,29 @@ def test_graded_outcome_is_paid_on_the_last_turn():
     np.testing.assert_allclose(replay.reward, [-0.25, -0.75, -0.25], rtol=1e-6)
     np.testing.assert_allclose(replay.mc_return, [-0.6875, -0.875, -0.25], rtol=1e-6)
     np.testing.assert_array_equal(replay.done, [0, 0, 1])
+    # lambda 0 by hand: r = [0, 0, 0.25], G = [0.0625, 0.125, 0.25]; the same from lambda 0.5's rows
+    np.testing.assert_allclose(replay.cost, [0.5, 1.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(replay.cost_return, [0.5 + 0.5 * (1.5 + 0.5 * 1.0), 2.0, 1.0], rtol=1e-6)
+    at_zero = at_lambda(transition_batch(episode_rows(Episode("e", Task("t", "p"), turns, 0.25), pool,
+                                                      Reward(0.5, 0.5, 0.2)), np.zeros((4, 1)), np.zeros((3, 1))), 0.0)
+    np.testing.assert_allclose(at_zero.reward, [0, 0, 0.25], atol=1e-7)
+    np.testing.assert_allclose(at_zero.mc_return, [0.0625, 0.125, 0.25], atol=1e-7)
+    np.testing.assert_array_equal(at_zero.lam, [0, 0, 0])
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.02, 0.37, 2.0])
+def test_rewards_and_returns_at_any_lambda_equal_the_episode_read_at_that_lambda(lam):
+    """Eq. 1 is linear in lambda: a batch read at 0.05 and moved to `lam` (per transition) holds the rewards and
+    returns of the episodes read at `lam` (one lambda-conditioned run learns every trade-off from one replay)."""
+    sim, episodes = demo_corpus(3, seed=4)
+    c_ref, dim = reference_cost(episodes), 1
+    for episode in episodes:
+        read = lambda x: transition_batch(episode_rows(episode, sim.pool, Reward(x, 0.97, c_ref)),
+                                          np.zeros((len(episode.turns) + 1, dim)), np.zeros((len(episode.turns), dim)))
+        moved, direct = at_lambda(read(0.05), np.full(len(episode.turns), lam, np.float32)), read(lam)
+        for name in ("reward", "mc_return", "lam"):
+            np.testing.assert_allclose(getattr(moved, name), getattr(direct, name), rtol=1e-5, atol=1e-5,
+                                       err_msg=name)
 
 
 def test_availability_masks():
@@ -130,7 +153,6 @@ def test_reference_cost_is_the_mean_turn_cost_without_outliers_and_leaves_outlie
 def test_one_episode_to_rows_path_feeds_the_replay_and_fresh_batches_alike():
     """`episode_rows` is the one place rewards and returns are made: the offline replay (text indices) and the
     online stage's freshly embedded batches (`transition_batch`) hold the same transitions."""
-    from rivet_jax.data.replay import episode_rows, transition_batch
     from rivet_jax.encoders import HashingEncoder
 
     sim, episodes = demo_corpus(2, seed=5)

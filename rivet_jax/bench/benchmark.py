@@ -69,6 +69,8 @@ def synthetic_data(num_transitions: int, state_dim: int, pool: ModelPool, seed: 
         "reward": (-0.05 * rng.random(n) + done * (rng.random(n) < 0.7)).astype(np.float32), "done": done,
         "mc_return": rng.random(n).astype(np.float32), "available": np.ones((n, m), bool),
         "next_available": np.ones((n, m), bool), "stochastic": (rng.random(n) < 0.15).astype(np.float32),
+        "cost": rng.random(n).astype(np.float32), "cost_return": rng.random(n).astype(np.float32),
+        "lam": np.full(n, 0.05, np.float32),
     }
     card_x, card_mask = card_features(pool)
     put = jnp.asarray if directory is None else np.asarray  # the memory map itself stays as it is

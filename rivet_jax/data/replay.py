@@ -33,6 +33,9 @@ class Replay:
     reward: np.ndarray          # (N,) float32 r_t = -lambda c_t / c_ref + d_t y
     done: np.ndarray            # (N,) float32 d_t
     mc_return: np.ndarray       # (N,) float32 G_t = sum_k gamma^(k-t) r_k
+    cost: np.ndarray            # (N,) float32 c_t / c_ref, the turn's cost in the reward's units
+    cost_return: np.ndarray     # (N,) float32 sum_k gamma^(k-t) c_k / c_ref: G_t at lambda' is G_t - (lambda' - lambda) this
+    lam: np.ndarray             # (N,) float32 the lambda of `reward` and `mc_return`
     available: np.ndarray       # (N, M) bool, models that could be chosen at s_t
     next_available: np.ndarray  # (N, M) bool, models that could be chosen at s_{t+1} (all for terminal turns)
     stochastic: np.ndarray      # (N,) float32 1 where the logged choice was stochastic (propensity < 1), else 0
@@ -46,8 +49,8 @@ class Replay:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The per-transition arrays, as a dict pytree (what training puts on device)."""
-        names = ("state", "next_state", "response", "action", "reward", "done", "mc_return", "available",
-                 "next_available", "stochastic")
+        names = ("state", "next_state", "response", "action", "reward", "done", "mc_return", "cost", "cost_return",
+                 "lam", "available", "next_available", "stochastic")
         return {name: getattr(self, name) for name in names}
 
 
@@ -141,17 +144,22 @@ class Reward(NamedTuple):
 def episode_rows(episode: Episode, pool: ModelPool, reward: Reward) -> dict[str, np.ndarray]:
     """One validated episode's T transitions: the numeric columns of the replay, rewards and returns in float64.
 
-    action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t ·
+    action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t · cost (T,) c_t / c_ref
+    and cost_return (T,) its discounted sum from t on (the rewards and returns at any other lambda, `at_lambda`) ·
+    lam (T,) the lambda of reward and mc_return ·
     available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn) ·
     stochastic (T,) 1 where the logged choice was a draw (propensity < 1: a random router, an exploring policy).
     """
     lam, gamma, c_ref = reward
     turns = episode.turns
-    rewards = turn_rewards(np.array([t.cost for t in turns]), episode.outcome, lam, c_ref)
+    costs = np.array([t.cost for t in turns], np.float64)
+    rewards = turn_rewards(costs, episode.outcome, lam, c_ref)
     masks = np.stack([availability(t.available, pool) for t in turns] + [availability(None, pool)])  # (T + 1, M)
     return {"action": np.array([pool.index(t.model) for t in turns], np.int32), "reward": rewards,
             "done": (np.arange(len(turns)) == len(turns) - 1).astype(np.float64),
-            "mc_return": discounted_returns(rewards, gamma), "available": masks[:-1], "next_available": masks[1:],
+            "mc_return": discounted_returns(rewards, gamma), "cost": costs / c_ref,
+            "cost_return": discounted_returns(costs / c_ref, gamma), "lam": np.full(len(turns), float(lam)),
+            "available": masks[:-1], "next_available": masks[1:],
             "stochastic": np.array([t.propensity is not None and t.propensity < 1.0 for t in turns], np.float64)}
 
 
@@ -169,6 +177,9 @@ class Batch(NamedTuple):
     reward: Any          # (B,) float32 r_t
     done: Any            # (B,) float32 d_t
     mc_return: Any       # (B,) float32 G_t
+    cost: Any            # (B,) float32 c_t / c_ref
+    cost_return: Any     # (B,) float32 sum_k gamma^(k-t) c_k / c_ref
+    lam: Any             # (B,) float32 the lambda of reward and mc_return (a lambda-conditioned network's input)
     available: Any       # (B, M) bool at s_t
     next_available: Any  # (B, M) bool at s_{t+1}
     stochastic: Any      # (B,) float32 1 where the logged choice was stochastic (`loss.cql_on = "stochastic"`)
@@ -178,11 +189,22 @@ def transition_batch(rows: dict[str, np.ndarray], states: np.ndarray, responses:
     """An episode's `episode_rows` with its vectors: states (T + 1, D) s_0..s_T, responses (T, D)."""
     return Batch(h_t=states[:-1], h_tp1=states[1:], e_o=responses, action=rows["action"],
                  reward=rows["reward"].astype(np.float32), done=rows["done"].astype(np.float32),
-                 mc_return=rows["mc_return"].astype(np.float32), available=rows["available"],
+                 mc_return=rows["mc_return"].astype(np.float32), cost=rows["cost"].astype(np.float32),
+                 cost_return=rows["cost_return"].astype(np.float32), lam=rows["lam"].astype(np.float32),
+                 available=rows["available"],
                  next_available=rows["next_available"], stochastic=rows["stochastic"].astype(np.float32))
 
 
-_ROW_COLUMNS = ("action", "reward", "done", "mc_return", "available", "next_available", "stochastic")
+_ROW_COLUMNS = ("action", "reward", "done", "mc_return", "cost", "cost_return", "lam", "available", "next_available",
+                "stochastic")
+
+
+def at_lambda(batch: Batch, lam) -> Batch:
+    """`batch` with its rewards and returns at `lam` ((B,) or a scalar) instead of `batch.lam`: Eq. 1 is linear in
+    lambda, r_t(lambda') = r_t(lambda) - (lambda' - lambda) c_t / c_ref, and so is every discounted return."""
+    shift = lam - batch.lam
+    return batch._replace(reward=batch.reward - shift * batch.cost, mc_return=batch.mc_return - shift * batch.cost_return,
+                          lam=batch.lam + shift)
 
 
 def build_replay(
@@ -212,7 +234,7 @@ def build_replay(
     arrays = {k: np.concatenate([np.asarray(c) for c in v]) for k, v in columns.items()}
     for k in ("state", "next_state", "response", "episode"):
         arrays[k] = arrays[k].astype(np.int32)
-    for k in ("reward", "done", "mc_return", "stochastic"):
+    for k in ("reward", "done", "mc_return", "cost", "cost_return", "lam", "stochastic"):
         arrays[k] = arrays[k].astype(np.float32)
     return Replay(**arrays, episode_ids=tuple(e.episode_id for e in episodes), texts=table.texts(),
                   card_text=card_text)

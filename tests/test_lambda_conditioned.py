@@ -1,0 +1,85 @@
+"""One router for every budget (issue 43): lambda an input of the shared representation, drawn per transition in
+training (`reward.lam_range`), chosen per request at routing time."""
+
+import jax
+import numpy as np
+import pytest
+
+from rivet_jax import config_checks
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes, write_model_cards
+from rivet_jax.learner import draw_lambdas
+from rivet_jax.router import Router
+from tests.common import run_stage, tiny_config
+
+
+def two_model_logs(tmp_path):
+    """One-turn episodes of one task text (so that the values are means, not per-task memories), one model each:
+    'strong' always succeeds at $0.010, 'cheap' succeeds every other time at
+    $0.001. c_ref is the mean turn cost, $0.0055, so committing to each is worth (Eq. 1, by hand)
+    J(strong) = 1 - lambda 0.010 / 0.0055 and J(cheap) = 0.5 - lambda 0.001 / 0.0055: strong is the better call up
+    to lambda = 0.5 / (0.009 / 0.0055) = 0.306, cheap above it."""
+    pool = ModelPool((ModelCard("strong", "a strong and dear model"), ModelCard("cheap", "a cheap and weaker model")))
+    episodes = []
+    for i in range(160):
+        model = ("strong", "cheap")[i % 2]
+        outcome = 1 if model == "strong" else (i // 2) % 2
+        turn = Turn(model, "the answer", "", 10, 10, 0.010 if model == "strong" else 0.001, done=True)
+        episodes.append(Episode(f"e{i}", Task(f"t{i}", "add two numbers"), (turn,), outcome))
+    write_episodes(tmp_path / "episodes.jsonl", episodes)
+    write_model_cards(tmp_path / "cards.json", pool)
+    return tmp_path / "episodes.jsonl", tmp_path / "cards.json"
+
+
+def expected_j(model: str, lam: float) -> float:
+    return 1 - lam * 0.010 / 0.0055 if model == "strong" else 0.5 - lam * 0.001 / 0.0055
+
+
+@pytest.mark.slow
+def test_one_conditioned_run_values_every_lambda_and_routes_by_it(tmp_path):
+    episodes, cards = two_model_logs(tmp_path)
+    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
+                            "reward.lam_range": (0.0, 1.0), "mc_epochs": 80, "optim.batch_size": 16})
+    run_stage(config, tmp_path / "run", "mc")
+    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
+    assert router.lambda_conditioned and router.lam == config.reward.lam
+    for lam in (0.0, 0.1, 0.5, 1.0):
+        q = router.at_lambda(lam).scores([("add two numbers", [])])[0]
+        np.testing.assert_allclose(q, [expected_j(m, lam) for m in router.pool.names], atol=0.1,
+                                   err_msg=f"lambda {lam}")
+        assert router.at_lambda(lam).reward.lam == lam
+    assert router.route("add two numbers", lam=0.0).model == "strong"
+    assert router.route("add two numbers", lam=1.0).model == "cheap"
+    # TD (Double DQN + CQL at each transition's own lambda) refines it without losing the trade-off
+    run_stage(config, tmp_path / "run", "td")
+    refined = Router.from_checkpoint(tmp_path / "run", stage="td")
+    assert [refined.route("add two numbers", lam=lam).model for lam in (0.0, 1.0)] == ["strong", "cheap"]
+
+
+def test_a_fixed_lambda_router_routes_only_at_its_lambda(tmp_path):
+    episodes, cards = two_model_logs(tmp_path)
+    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
+                            "mc_epochs": 1})
+    run_stage(config, tmp_path / "run", "mc")
+    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
+    assert not router.lambda_conditioned
+    assert router.at_lambda(config.reward.lam).lam == config.reward.lam
+    with pytest.raises(ValueError, match="trained for lambda 0.05 only.*reward.lam_range"):
+        router.route("add two numbers", lam=0.2)
+    with pytest.raises(ValueError, match="lambda must be a number"):
+        router.at_lambda(float("nan"))
+
+
+def test_lambda_draws_stay_in_range_and_favour_its_low_end():
+    lams = np.asarray(draw_lambdas(jax.random.key(0), (20_000,), (0.02, 0.2)))
+    assert lams.min() >= 0.02 and lams.max() <= 0.2
+    # P(lambda <= low + (high - low) / 4) = P(u^2 <= 1/4) = 1/2
+    assert abs(np.mean(lams <= 0.02 + 0.18 / 4) - 0.5) < 0.02
+
+
+@pytest.mark.parametrize("lam_range, problem", [((0.2, 0.1), "reward.lam_range"), ((0.0,), "reward.lam_range"),
+                                                ((0.0, 0.2), "adapts online at one lambda")])
+def test_bad_lambda_ranges_and_online_conditioning_are_refused(lam_range, problem):
+    config = tiny_config(**{"reward.lam_range": lam_range, "stage": "all" if len(lam_range) == 2 and
+                            lam_range[0] <= lam_range[1] else "offline"})
+    with pytest.raises(config_checks.ConfigError, match=problem):
+        config_checks.check_config(config)
