@@ -39,6 +39,14 @@ def main(argv):
             logging.warning("serving on %s without a token: anyone who reaches it spends the upstream keys; set "
                             "config.auth_token_env (docs/serve.md)", config.host)
         router = Router.from_checkpoint(_WORKDIR.value, stage=config.router_stage or None)
+        lam = router.lam if config.lam is None else float(config.lam)
+        try:
+            router.at_lambda(lam)
+        except ValueError as error:
+            raise ConfigError(f"config.lam: {error}") from None
+        logging.info("lambda-conditioned router: each request routes at its x-rivet-lambda header, default %g"
+                     if router.lambda_conditioned else "fixed-lambda router: every request routes at lambda %g "
+                     "(an x-rivet-lambda header may only repeat it)", lam)
         given = config.backends.to_dict() if hasattr(config.backends, "to_dict") else config.backends
         backends = backends_from_config(given, router.pool)  # a ConfigError: one line
         unserved = [name for name in router.pool.names if name not in backends]

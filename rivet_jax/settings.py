@@ -313,6 +313,10 @@ SERVE_SETTINGS: dict[str, Setting] = {
     "session_header": Setting("the request header naming an episode's session", default="x-rivet-session"),
     "task_family": Setting("recorded episodes' task family, unless a request's x-rivet-task-family says",
                            default=""),
+    "lam": Setting("the cost weight (Eq. 1's lambda) requests route for unless their x-rivet-lambda header says "
+                   "(None: the router's own reward.lam; only a lambda-conditioned router takes another)",
+                   lambda v: v is None or within(0.0, MAX_WEIGHT)(v), f"None or a number in [0, {MAX_WEIGHT:g}]",
+                   default=Placeholder(float)),
     "exploration": Setting("how the proxy explores: epsilon (uniform), softmax (over Q_route) or margin (uniform "
                            "among the candidates within `margin` of the best)", one_of("epsilon", "softmax", "margin"),
                            "'epsilon', 'softmax' or 'margin'", default="epsilon"),

@@ -1,12 +1,14 @@
 """One router for every budget (issue 43): lambda an input of the shared representation, drawn per transition in
 training (`reward.lam_range`), chosen per request at routing time."""
 
+import httpx
 import jax
 import numpy as np
 import pytest
 
 from rivet_jax import config_checks
-from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn, write_episodes, write_model_cards
+from rivet_jax.data.schema import (Episode, ModelCard, ModelPool, Task, Turn, read_episodes, write_episodes,
+                                   write_model_cards)
 from rivet_jax.learner import draw_lambdas
 from rivet_jax.router import Router
 from tests.common import run_stage, tiny_config
@@ -34,14 +36,21 @@ def expected_j(model: str, lam: float) -> float:
     return 1 - lam * 0.010 / 0.0055 if model == "strong" else 0.5 - lam * 0.001 / 0.0055
 
 
-@pytest.mark.slow
-def test_one_conditioned_run_values_every_lambda_and_routes_by_it(tmp_path):
-    episodes, cards = two_model_logs(tmp_path)
+@pytest.fixture(scope="module")
+def conditioned(tmp_path_factory):
+    """A run trained on the two-model logs with lambda drawn from [0, 1]: its workdir (MC, then TD)."""
+    root = tmp_path_factory.mktemp("conditioned")
+    episodes, cards = two_model_logs(root)
     config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
                             "reward.lam_range": (0.0, 1.0), "mc_epochs": 80, "optim.batch_size": 16})
-    run_stage(config, tmp_path / "run", "mc")
-    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
-    assert router.lambda_conditioned and router.lam == config.reward.lam
+    run_stage(config, root / "run", "offline")
+    return root / "run"
+
+
+@pytest.mark.slow
+def test_one_conditioned_run_values_every_lambda_and_routes_by_it(conditioned):
+    router = Router.from_checkpoint(conditioned, stage="mc")
+    assert router.lambda_conditioned and router.lam == router.config.reward.lam
     for lam in (0.0, 0.1, 0.5, 1.0):
         q = router.at_lambda(lam).scores([("add two numbers", [])])[0]
         np.testing.assert_allclose(q, [expected_j(m, lam) for m in router.pool.names], atol=0.1,
@@ -50,9 +59,62 @@ def test_one_conditioned_run_values_every_lambda_and_routes_by_it(tmp_path):
     assert router.route("add two numbers", lam=0.0).model == "strong"
     assert router.route("add two numbers", lam=1.0).model == "cheap"
     # TD (Double DQN + CQL at each transition's own lambda) refines it without losing the trade-off
-    run_stage(config, tmp_path / "run", "td")
-    refined = Router.from_checkpoint(tmp_path / "run", stage="td")
+    refined = Router.from_checkpoint(conditioned, stage="td")
     assert [refined.route("add two numbers", lam=lam).model for lam in (0.0, 1.0)] == ["strong", "cheap"]
+
+
+@pytest.mark.slow
+def test_the_proxy_routes_each_request_at_its_lambda_and_records_it(conditioned, tmp_path):
+    """Two requests of one task with x-rivet-lambda 0 and 1 go to the strong and the cheap model, each turn recorded
+    with its lambda and the lambda returned in a header; a request without the header routes at config.lam."""
+    from configs import serve
+    from rivet_jax.serve.app import make_app
+    from rivet_jax.serve.fake import ServerThread, fake_upstream
+    from rivet_jax.serve.proxy import Proxy
+    from rivet_jax.serve.recorder import Recorder
+    from rivet_jax.serve.upstream import Backend
+    from tests.common import upstream_servers
+
+    router = Router.from_checkpoint(conditioned, stage="mc")
+    config = serve.get_config()
+    config.lam = 1.0
+    with upstream_servers(fake_upstream, router.pool.names) as (servers, _):
+        backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in router.pool.names}
+        proxy = Proxy(router, backends, Recorder(tmp_path / "log", router.pool), config)
+        with ServerThread(make_app(proxy)) as server:
+            def ask(session: str, lam: str | None) -> httpx.Response:
+                headers = {"x-rivet-session": session, **({"x-rivet-lambda": lam} if lam is not None else {})}
+                return httpx.post(server.url + "/v1/chat/completions", headers=headers, timeout=30, json={
+                    "model": "rivet", "messages": [{"role": "user", "content": "add two numbers"}]})
+
+            answers = {session: ask(session, lam) for session, lam in (("a", "0"), ("b", "1"), ("c", None))}
+            refused = ask("d", "-1")
+            for session in answers:
+                httpx.post(f"{server.url}/v1/episodes/{session}/outcome", json={"outcome": 1}).raise_for_status()
+    assert [answers[s].headers["x-rivet-model"] for s in "abc"] == ["strong", "cheap", "cheap"]
+    assert [answers[s].headers["x-rivet-lambda"] for s in "abc"] == ["0", "1", "1"]
+    assert refused.status_code == 400 and "x-rivet-lambda" in refused.json()["error"]["message"]
+    recorded = read_episodes(proxy.recorder.episodes_path, router.pool).episodes
+    assert sorted(t.lam for e in recorded for t in e.turns) == [0.0, 1.0, 1.0]
+
+
+def test_a_fixed_lambda_router_is_served_at_its_own_lambda_only(tmp_path):
+    from configs import serve
+    from rivet_jax.serve.app import _requested_lambda
+    from rivet_jax.serve.conversation import RequestError
+    from types import SimpleNamespace
+
+    episodes, cards = two_model_logs(tmp_path)
+    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
+                            "mc_epochs": 1})
+    run_stage(config, tmp_path / "run", "mc")
+    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
+    proxy = SimpleNamespace(config=serve.get_config(), served=SimpleNamespace(current=(router, "v")))
+    assert _requested_lambda(None, proxy) is None and _requested_lambda("0.05", proxy) == 0.05
+    for header, message in (("0.2", "trained for lambda 0.05 only"), ("cheap", "not a number"),
+                            ("nan", "must be a number")):
+        with pytest.raises(RequestError, match=message):
+            _requested_lambda(header, proxy)
 
 
 def test_a_fixed_lambda_router_routes_only_at_its_lambda(tmp_path):

@@ -88,6 +88,7 @@ class Turn:
     available: tuple[str, ...] | None = None  # choosable models (None = whole pool)
     latency_s: float | None = None  # wall time of the call in seconds, where it was measured (launch.serve)
     router: str | None = None  # the version of the router that chose the turn (launch.serve: its deployment's digest)
+    lam: float | None = None  # the cost weight (Eq. 1's lambda) the router chose it for (launch.serve)
 
     def __post_init__(self):
         # Lists would make the record unhashable and unequal to what the reader produces.
@@ -111,6 +112,8 @@ class Turn:
             obj["latency_s"] = self.latency_s
         if self.router is not None:
             obj["router"] = self.router
+        if self.lam is not None:
+            obj["lam"] = self.lam
         obj["done"] = self.done
         return obj
 
@@ -119,7 +122,7 @@ _EPISODE_KEYS = ("episode_id", "task", "turns", "outcome")
 _TASK_KEYS = ("id", "prompt", "family")
 _TURN_KEYS = (
     "model", "response", "feedback", "prompt_tokens", "completion_tokens", "cost",
-    "propensity", "available", "latency_s", "router", "done",
+    "propensity", "available", "latency_s", "router", "lam", "done",
 )
 
 
@@ -244,6 +247,7 @@ def _turn_from_json(obj: Any, pool: ModelPool, where: Where, field: str) -> Turn
         available=available,
         latency_s=optional(obj.get("latency_s", MISSING), as_number, where, prefix + "latency_s", minimum=0.0),
         router=optional(obj.get("router", MISSING), as_str, where, prefix + "router"),
+        lam=optional(obj.get("lam", MISSING), as_number, where, prefix + "lam", minimum=0.0),
     )
 
 

@@ -18,9 +18,12 @@ response goes back as the upstream sent it, with headers:
     x-rivet-margin      best minus runner-up Q_route   x-rivet-propensity  the answering model's probability
     x-rivet-session     the episode's session (URL-quoted)  x-rivet-turn  the turn's index in the conversation
     x-rivet-failed      the models that faulted first  x-rivet-routing-ms  request in -> first upstream call out
+    x-rivet-lambda      the cost weight it routed for: the request's own `x-rivet-lambda` header (a number >= 0; a
+                        lambda-conditioned router takes any, a fixed-lambda one only its own: else a 400), else
+                        `config.lam`, else the router's reward.lam
 
 The served turn is recorded (`recorder.Recorder`) before the response is returned (streamed: when it ends), with
-its propensity and the version of the router that chose it. A session serves one request at a time (`Sessions`):
+its propensity, the version of the router that chose it and the lambda it chose for. A session serves one request at a time (`Sessions`):
 a second waits for the first (then, the same turn asked again, it replaces it: recorded once), an outcome waits for
 the turn being served, and a wait longer than `deadline_s` is a 409.
 
@@ -78,6 +81,7 @@ from rivet_jax.serve.upstream import (Reply, StreamFault, UpstreamFault, complet
 __all__ = ["make_app", "serve"]
 
 CANDIDATES_HEADER = "x-rivet-candidates"
+LAMBDA_HEADER = "x-rivet-lambda"       # the cost weight this request routes for (else config.lam, else the router's)
 FAMILY_HEADER = "x-rivet-task-family"   # the task family of the episode a request opens (else config.task_family)
 INLINE_BYTES = 256 << 10   # bodies up to this are parsed and scored on the event loop; larger ones in a thread
 
@@ -143,6 +147,7 @@ async def _chat_completions(request: Request) -> Response:
         family = _text_header(request, FAMILY_HEADER) or proxy.config.get("task_family") or None
         if family is not None:
             family = checked_text(family, "task family")
+        lam = _requested_lambda(request.headers.get(LAMBDA_HEADER), proxy)
     except RequestError as error:  # 400, or 413 / 415 for a body too large / not JSON
         return error_response(error.status, str(error))
     release = await proxy.sessions.hold(session, proxy.config.deadline_s)
@@ -159,7 +164,7 @@ async def _chat_completions(request: Request) -> Response:
                                                            conversation.history))
         try:
             response = await _route_and_call(request, proxy, conversation, session, family, requested, received,
-                                             observed, release)
+                                             observed, release, lam)
             streaming = isinstance(response, _SessionStream)
             return response
         finally:
@@ -171,14 +176,14 @@ async def _chat_completions(request: Request) -> Response:
 
 async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversation, session: str,
                           family: str | None, requested: list[str] | None, received: float,
-                          observed: asyncio.Future, release: Callable[[], None]) -> Response:
+                          observed: asyncio.Future, release: Callable[[], None], lam: float | None) -> Response:
     candidates = candidate_names(list(proxy.backends), proxy.health.down(), requested)
     if not candidates:
         return error_response(503, f"no candidate model is up (of {requested or list(proxy.backends)}); down: "
                            f"{sorted(proxy.health.down())}", "service_unavailable")
     if family is None and conversation.history:   # a later turn without the header: the family its episode opened with
         family = proxy.recorder.family(session)
-    scores, version = await proxy.scores(conversation, candidates, family)
+    scores, version, lam = await proxy.scores(conversation, candidates, family, lam)
     choice = proxy.budget.choose(scores, proxy.rng)
     failed: list[str] = []
     for name in choice.order[:proxy.config.max_attempts]:
@@ -192,12 +197,12 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
             proxy.fault(name, str(fault))
             failed.append(name)
             continue
-        headers = _headers(choice, name, session, len(conversation.history), failed, routing_ms)
+        headers = _headers(choice, name, session, len(conversation.history), failed, routing_ms, lam)
         if reply.status != 200:  # the request's own fault: passed on, not recorded
             return Response(reply.body, status_code=reply.status, headers=headers, media_type="application/json")
         await observed
         served = functools.partial(proxy.record, name, reply, conversation, choice, version, candidates, session,
-                                   family, start)
+                                   family, start, lam)
         if conversation.stream:
             return _SessionStream(_record_when_done(reply, name, proxy, served, release), release, headers=headers,
                                   media_type="text/event-stream")
@@ -389,14 +394,32 @@ def _requested(header: str | None, proxy: Proxy) -> list[str] | None:
     return names
 
 
-def _headers(choice: Choice, name: str, session: str, turn: int, failed: list[str], routing_ms: float) -> dict:
+def _requested_lambda(header: str | None, proxy: Proxy) -> float | None:
+    """The cost weight a request routes for: its x-rivet-lambda header, else `config.lam` (None: the router's
+    own), checked against the router served now (a fixed-lambda one routes only at its own)."""
+    value = proxy.config.get("lam") if header is None else header
+    if value is None:
+        return None
+    try:
+        lam = float(value)
+    except ValueError:
+        raise RequestError(f"{LAMBDA_HEADER}: {header!r} is not a number (a cost weight >= 0)") from None
+    try:
+        proxy.served.current[0].at_lambda(lam)
+    except ValueError as error:
+        raise RequestError(f"{LAMBDA_HEADER}: {error}") from None
+    return lam
+
+
+def _headers(choice: Choice, name: str, session: str, turn: int, failed: list[str], routing_ms: float,
+             lam: float) -> dict:
     # The session is the client's own string (a `user` field may hold any text); headers carry latin-1 only.
     headers = {"x-rivet-model": name, "x-rivet-session": urllib.parse.quote(session, safe=""),
                "x-rivet-turn": str(turn),
                "x-rivet-scores": json.dumps({m: round(v, 6) for m, v in choice.scores.items()}),
                "x-rivet-margin": "" if choice.margin is None else f"{choice.margin:.6f}",
                "x-rivet-propensity": f"{choice.propensity:.6f}" if name == choice.order[0] else "fallback",
-               "x-rivet-routing-ms": f"{routing_ms:.3f}"}
+               "x-rivet-routing-ms": f"{routing_ms:.3f}", LAMBDA_HEADER: f"{lam:g}"}
     if failed:
         headers["x-rivet-failed"] = ",".join(failed)
     return headers

@@ -120,19 +120,20 @@ class Proxy:
         mode = self.config.get("scoring", "auto")
         self._in_thread = mode == "thread" or (mode == "auto" and self.router.encoder.name != "hashing")
 
-    async def scores(self, conversation: Conversation, candidates: list[str],
-                     family: str | None = None) -> tuple[dict[str, float], str]:
+    async def scores(self, conversation: Conversation, candidates: list[str], family: str | None = None,
+                     lam: float | None = None) -> tuple[dict[str, float], str, float]:
         """Q_route of each candidate at this conversation's state (its task of `family`, where known: a router
-        recentred per family reads it), and the version of the router that scored it.
+        recentred per family reads it) for cost weight `lam` (None: the router's own), the version of the router
+        that scored it and the lambda it scored for.
 
         On the event loop (`config.scoring`), at once: nothing else runs meanwhile. In a thread, one scoring at a
         time (the neural encoders' tokenizers are not thread-safe, and on CPU concurrent scorings would only share
         the same cores), and the requests that arrive while one runs are scored together next, in one encoder pass
         and one network call."""
         if not self._in_thread and _size(conversation) <= INLINE_CHARS:
-            return self._score_batch([(conversation, candidates, family, None)], self.served.current)[0]
+            return self._score_batch([(conversation, candidates, family, lam, None)], self.served.current)[0]
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((conversation, candidates, family, future))
+        self._pending.append((conversation, candidates, family, lam, future))
         if not self._draining:
             self._draining = True
             asyncio.ensure_future(self._drain())
@@ -155,12 +156,17 @@ class Proxy:
         finally:
             self._draining = False
 
-    def _score_batch(self, batch, current: tuple[Router, str]) -> list[tuple[dict[str, float], str]]:
+    def _score_batch(self, batch, current: tuple[Router, str]) -> list[tuple[dict[str, float], str, float]]:
         router, version = current
-        q = router.scores([(c.task, c.history) for c, *_ in batch], [candidates for _, candidates, *_ in batch],
-                          [family for _, _, family, _ in batch])
-        return [({name: float(row[router.pool.index(name)]) for name in candidates}, version)
-                for row, (_, candidates, *_) in zip(q, batch)]
+        rows: list = [None] * len(batch)
+        for lam in dict.fromkeys(item[3] for item in batch):   # one network call per lambda asked for
+            at = [i for i, item in enumerate(batch) if item[3] == lam]
+            scoring = router if lam is None else router.at_lambda(lam)
+            q = scoring.scores([(batch[i][0].task, batch[i][0].history) for i in at], [batch[i][1] for i in at],
+                               [batch[i][2] for i in at])
+            for i, row in zip(at, q):
+                rows[i] = ({name: float(row[router.pool.index(name)]) for name in batch[i][1]}, version, scoring.lam)
+        return rows
 
     def _score_one(self, item, current) -> tuple[dict[str, float], str] | BaseException:
         try:
@@ -194,9 +200,11 @@ class Proxy:
         return None
 
     async def record(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, version: str,
-                     candidates: list[str], session: str, family: str | None, start: float) -> None:
-        """Records the turn `name` served (its call began at perf_counter `start`), fsynced before returning."""
-        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start, version)
+                     candidates: list[str], session: str, family: str | None, start: float,
+                     lam: float | None = None) -> None:
+        """Records the turn `name` served (its call began at perf_counter `start`; chosen for cost weight `lam`),
+        fsynced before returning."""
+        turn = self.turn(name, reply, conversation, choice, candidates, time.perf_counter() - start, version, lam)
         _, index = await asyncio.to_thread(self.recorder.record, session, conversation.task,
                                            len(conversation.history), turn, family)
         if index == 0:
@@ -209,7 +217,7 @@ class Proxy:
                              report["budget_per_episode"])
 
     def turn(self, name: str, reply: Reply, conversation: Conversation, choice: Choice, candidates: list[str],
-             latency_s: float, version: str | None = None) -> Turn:
+             latency_s: float, version: str | None = None, lam: float | None = None) -> Turn:
         """The served turn as the trajectory schema records it (feedback arrives with the next request)."""
         try:
             text = response_text(reply.message)
@@ -230,7 +238,7 @@ class Proxy:
         return Turn(model=name, response=text, feedback="", prompt_tokens=prompt_tokens,
                     completion_tokens=completion_tokens, cost=cost,
                     propensity=choice.propensity if served_as_drawn else None, available=tuple(candidates),
-                    latency_s=round(latency_s, 6), router=version)
+                    latency_s=round(latency_s, 6), router=version, lam=lam)
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error") -> Response:
