@@ -1,6 +1,7 @@
 """A budget: the lambda whose router is most successful within a cost per episode (`python -m launch.calibrate`).
 
-    routers trained (or reused) at every lambda of `config.calibrate.lambdas`, as one run group
+    routers trained (or reused) at every lambda of `config.calibrate.lambdas`, as one run group; or, for a
+    lambda-conditioned config (`reward.lam_range`), one run read at each of them (`Router.at_lambda`)
       -> each router's success and cost per episode on the validation tasks, with 95% intervals
          RouteSim (a config with `sim`): measured, by rolling the router out in the simulator (exact environment);
          one's own logs: estimated off-policy on the held-out validation tasks by fitted-Q evaluation
@@ -38,11 +39,14 @@ from rivet_jax.data.splits import MANIFEST
 from rivet_jax.encoders import embedding_store
 from rivet_jax.envs.base import FixedModelPolicy, RouterPolicy
 from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.networks import lambda_conditioned
 from rivet_jax.pipeline import logged_splits
 from rivet_jax.router import Choice, Router
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, train_variants
 from rivet_jax.settings import with_overrides
 from rivet_jax.verdict import format_verdict, judge_by_rollouts, judge_on_logs, per_family_of, write_verdict
+
+CONDITIONED = "lambda-conditioned"  # the one run of a config with reward.lam_range
 
 
 def episode_summary(episodes: Sequence[Episode], resamples: int, seed: int, reward: Reward) -> dict:
@@ -144,6 +148,18 @@ def _own_splits(config, run_dir: Path) -> dict[str, list[Episode]]:
 # ----------------------------------------------------------------------------------------------- main
 
 
+def _variants(config, lambdas: list[float], conditioned: bool) -> dict[str, tuple[dict, str]]:
+    """The runs to train: one per lambda, or (a lambda-conditioned config) one run for them all."""
+    if not conditioned:
+        return {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
+    low, high = config.reward.lam_range
+    outside = [lam for lam in lambdas if not low <= lam <= high]
+    if outside:
+        raise ConfigError(f"calibrate.lambdas {outside} lie outside reward.lam_range ({low:g}, {high:g}), the "
+                          f"lambdas the run learns: widen the range or drop them")
+    return {CONDITIONED: ({}, config.calibrate.stage)}
+
+
 def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: float) -> dict:
     """Trains (or reuses) a router per lambda, estimates their success and cost per episode on validation and
     picks the best within `budget` dollars per episode; writes calibration.{md,json,png} in `workdir`."""
@@ -156,11 +172,13 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     else:
         episodes_path, cards_path = config.data.episodes, config.data.cards  # the setting as given (a list, a glob)
     lambdas = [float(x) for x in config.calibrate.lambdas]
-    variants = {f"lambda={lam:g}": ({"reward.lam": lam}, config.calibrate.stage) for lam in lambdas}
+    conditioned = lambda_conditioned(config)
+    variants = _variants(config, lambdas, conditioned)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, (config.seed,))
+    run_of = {lam: dirs[CONDITIONED if conditioned else f"lambda={lam:g}"][0] for lam in lambdas}
     stages = train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
-    trained = {(lam, stage): Router.from_checkpoint(dirs[f"lambda={lam:g}"][0], stage)
-               for lam in lambdas for stage in stages}
+    loaded = {(run, stage): Router.from_checkpoint(run, stage) for run in set(run_of.values()) for stage in stages}
+    trained = {(lam, stage): loaded[run_of[lam], stage].at_lambda(lam) for lam in lambdas for stage in stages}
     pool = next(iter(trained.values())).pool
     splits = None if simulated else _own_splits(config, next(iter(dirs.values()))[0])
     # as training's choice deploys on the same logs: A/B logs commit (RouteSim rolls switching out)
@@ -179,7 +197,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     for row, front in zip(kept_rows, pareto(kept_rows)):
         row["pareto"] = front
     chosen = {**kept_rows[index], "within_budget": within, "margin_usd": budget - kept_rows[index]["cost_hi"]}
-    router_dir = dirs[f"lambda={chosen['lambda']:g}"][0]
+    router_dir = run_of[chosen["lambda"]]
     result = {"budget_usd_per_episode": budget, "chosen": chosen, "rows": rows, "fixed": fixed,
               "fixed_lambda": float(config.reward.lam),
               "simulated": simulated, "router_dir": str(router_dir), "router_stage": chosen["stage"]}
@@ -193,6 +211,8 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     name = f"lambda={chosen['lambda']:g} {chosen['stage']}"
     spec = deploy.Candidate(name, (os.path.relpath(router_dir, workdir),), chosen["stage"]).spec(
         routers[key].choice, routers[key].pool.names)
+    if conditioned:   # one run for every lambda: the deployment names the one chosen
+        spec["lam"] = chosen["lambda"]
     deploy.write_deployment(workdir, spec, {"source": "launch.calibrate", "chosen": chosen})
     write_report(workdir, result)
     return result

@@ -11,6 +11,7 @@ reloads whatever lands on disk. So every field is checked before anything is loa
   deploy.epoch       absent, null or an integer >= 0
   deploy.pessimism   absent or a finite number >= 0
   deploy.commit      absent or true / false (a JSON boolean: the string "false" is refused, not read as true)
+  deploy.lam         absent, null or a finite number >= 0: the lambda a lambda-conditioned router routes at
   deploy.recentring  absent, null, or {"k": finite >= 0, "floor": {model: finite}, "centre": {model: finite}},
                      optionally "groups": {group: {"floor": {model: finite}, "centre": {model: finite}}}
 
@@ -93,6 +94,9 @@ def _check_spec(spec: Mapping[str, Any], workdir: Path, where: str) -> None:
     pessimism = spec.get("pessimism", 0.0)
     if not _is_number(pessimism) or pessimism < 0:
         raise DataError(where, None, "deploy.pessimism", f"expected a finite number >= 0, got {pessimism!r}")
+    lam = spec.get("lam")
+    if lam is not None and (not _is_number(lam) or lam < 0):
+        raise DataError(where, None, "deploy.lam", f"expected null or a finite number >= 0, got {lam!r}")
     if not isinstance(spec.get("commit", False), bool):
         raise DataError(where, None, "deploy.commit", f"expected true or false, got {spec.get('commit')!r}")
     recentring = spec.get("recentring")

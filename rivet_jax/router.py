@@ -250,6 +250,8 @@ class Router:
                                        epoch=spec.get("epoch")) for run in spec["runs"]]
         router = members[0] if len(members) == 1 else cls.ensemble(members)
         check_models(spec, router.pool.names, workdir)
+        if spec.get("lam") is not None:   # a lambda-conditioned router deployed at a chosen lambda (calibrate)
+            router = router.at_lambda(spec["lam"])
         return router.with_choice(Choice.from_spec(spec, router.pool.names))
 
     @classmethod

@@ -145,3 +145,28 @@ def test_bad_lambda_ranges_and_online_conditioning_are_refused(lam_range, proble
                             lam_range[0] <= lam_range[1] else "offline"})
     with pytest.raises(config_checks.ConfigError, match=problem):
         config_checks.check_config(config)
+
+
+@pytest.mark.slow
+def test_calibration_reads_one_conditioned_run_at_every_lambda(tmp_path):
+    """launch.calibrate with reward.lam_range trains one run (not one per lambda), estimates it at each lambda of
+    calibrate.lambdas, and deploys it at the chosen one (deploy.json's `lam`)."""
+    from configs import default
+    from rivet_jax import calibrate
+    from rivet_jax.envs import collect
+    from rivet_jax.settings import with_overrides
+
+    collect.write_demo_corpus(tmp_path / "logs", 20, 0)
+    config = with_overrides(default.get_config("tiny"), {
+        "data.episodes": str(tmp_path / "logs" / "episodes.jsonl"),
+        "data.cards": str(tmp_path / "logs" / "model_cards.json"), "data.holdout.validation": 0.3,
+        "data.holdout.test": 0.2, "calibrate.resamples": 50, "reward.lam_range": (0.0, 2.0)})
+    out = calibrate.calibrate(config, tmp_path / "w", 0.004)
+    assert [p.name for p in (tmp_path / "w" / "runs").iterdir()] == ["lambda-conditioned"]
+    assert sorted({r["lambda"] for r in out["rows"]}) == [0.0, 2.0]
+    by_lambda = {r["lambda"]: r["return"] for r in out["rows"] if r["stage"] == "mc"}
+    assert by_lambda[0.0] != by_lambda[2.0]   # one run, read at two trade-offs
+    deployed = Router.from_checkpoint(tmp_path / "w")
+    assert deployed.lambda_conditioned and deployed.lam == out["chosen"]["lambda"]
+    with pytest.raises(config_checks.ConfigError, match=r"calibrate.lambdas \[2.0\] lie outside"):
+        calibrate.calibrate(with_overrides(config, {"reward.lam_range": (0.0, 1.0)}), tmp_path / "w2", 0.004)
