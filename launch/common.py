@@ -50,6 +50,16 @@ def run_reporting_user_errors(job: Callable[[], object], config=None) -> object:
         sys.exit(1)
 
 
+def quiet_http_clients() -> None:
+    """HTTP clients log every request at INFO: httpx (the proxy's calls upstream) and httpx2 (the `openai` SDK's
+    fork, the live driver's calls to the proxy) were 21,385 of a live run's 23,380 log lines (live7), burying the
+    progress lines. Their warnings and errors still show."""
+    import logging as std_logging
+
+    for name in ("httpx", "httpx2"):
+        std_logging.getLogger(name).setLevel(std_logging.WARNING)
+
+
 def enable_compilation_cache(workdir: str) -> None:
     """JAX's persistent compilation cache under the workdir: jobs of dozens of runs share a handful of programs,
     so each compiles once, for this run and later ones. A cache the environment names (JAX_COMPILATION_CACHE_DIR,

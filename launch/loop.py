@@ -11,12 +11,10 @@ gain's 95% interval is above 0: W/deploy.json changes and the proxy swaps it in.
 (docs/live.md).
 """
 
-import logging
-
 from absl import flags
 from ml_collections import config_flags
 
-from launch.common import run_app, run_reporting_user_errors
+from launch.common import quiet_http_clients, run_app, run_reporting_user_errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/default.py", "Training config (with `live`: the "
                                           "RouteSim live experiment).", lock_config=True)
@@ -38,9 +36,7 @@ def main(argv):
     def live():
         from rivet_jax.live import experiment
 
-        # httpx logs every request at INFO: the driver's calls to the proxy and the proxy's to the fake upstreams
-        # were 21,385 of a live run's 23,380 log lines (live7), burying the rounds' progress
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        quiet_http_clients()
         return experiment.run(config, _WORKDIR.value)
 
     result = run_reporting_user_errors(live if "live" in config else one_round, config)

@@ -12,7 +12,7 @@ import os
 from absl import flags, logging
 from ml_collections import config_flags
 
-from launch.common import run_app, run_reporting_user_errors
+from launch.common import quiet_http_clients, run_app, run_reporting_user_errors
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.router import Router
 
@@ -30,6 +30,7 @@ def main(argv):
     from rivet_jax.serve.upstream import backends_from_config
 
     config = _CONFIG.value
+    quiet_http_clients()   # a line per upstream call; every served turn is recorded, faults still logged
 
     def start():
         if config.auth_token_env and not os.environ.get(config.auth_token_env):
