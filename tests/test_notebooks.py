@@ -59,10 +59,11 @@ def venv_kernel(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_top_to_bottom(name, venv_kernel):
+def test_notebook_runs_top_to_bottom(name, venv_kernel, tmp_path, monkeypatch):
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
+    monkeypatch.setenv("TMPDIR", str(tmp_path))   # the kernel's tempfile dirs (the quickstart's workdirs) go here
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=venv_kernel,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
