@@ -36,15 +36,25 @@ def expected_j(model: str, lam: float) -> float:
     return 1 - lam * 0.010 / 0.0055 if model == "strong" else 0.5 - lam * 0.001 / 0.0055
 
 
+def two_model_run(root, stage: str, **overrides):
+    """The workdir of a run trained on `two_model_logs` (written under `root`) through `stage`."""
+    episodes, cards = two_model_logs(root)
+    run_stage(tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
+                             **overrides}), root / "run", stage)
+    return root / "run"
+
+
 @pytest.fixture(scope="module")
 def conditioned(tmp_path_factory):
     """A run trained on the two-model logs with lambda drawn from [0, 1]: its workdir (MC, then TD)."""
-    root = tmp_path_factory.mktemp("conditioned")
-    episodes, cards = two_model_logs(root)
-    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
-                            "reward.lam_range": (0.0, 1.0), "mc_epochs": 80, "optim.batch_size": 16})
-    run_stage(config, root / "run", "offline")
-    return root / "run"
+    return two_model_run(tmp_path_factory.mktemp("conditioned"), "offline", **{
+        "reward.lam_range": (0.0, 1.0), "mc_epochs": 80, "optim.batch_size": 16})
+
+
+@pytest.fixture(scope="module")
+def fixed_lambda(tmp_path_factory) -> Router:
+    """A router trained at the one lambda 0.05 (no lam_range), one MC epoch."""
+    return Router.from_checkpoint(two_model_run(tmp_path_factory.mktemp("fixed"), "mc", mc_epochs=1), stage="mc")
 
 
 @pytest.mark.slow
@@ -98,18 +108,13 @@ def test_the_proxy_routes_each_request_at_its_lambda_and_records_it(conditioned,
     assert sorted(t.lam for e in recorded for t in e.turns) == [0.0, 1.0, 1.0]
 
 
-def test_a_fixed_lambda_router_is_served_at_its_own_lambda_only(tmp_path):
+def test_a_fixed_lambda_router_is_served_at_its_own_lambda_only(fixed_lambda):
     from configs import serve
     from rivet_jax.serve.app import _requested_lambda
     from rivet_jax.serve.conversation import RequestError
     from types import SimpleNamespace
 
-    episodes, cards = two_model_logs(tmp_path)
-    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
-                            "mc_epochs": 1})
-    run_stage(config, tmp_path / "run", "mc")
-    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
-    proxy = SimpleNamespace(config=serve.get_config(), served=SimpleNamespace(current=(router, "v")))
+    proxy = SimpleNamespace(config=serve.get_config(), served=SimpleNamespace(current=(fixed_lambda, "v")))
     assert _requested_lambda(None, proxy) is None and _requested_lambda("0.05", proxy) == 0.05
     for header, message in (("0.2", "trained for lambda 0.05 only"), ("cheap", "not a number"),
                             ("nan", "must be a number")):
@@ -117,14 +122,10 @@ def test_a_fixed_lambda_router_is_served_at_its_own_lambda_only(tmp_path):
             _requested_lambda(header, proxy)
 
 
-def test_a_fixed_lambda_router_routes_only_at_its_lambda(tmp_path):
-    episodes, cards = two_model_logs(tmp_path)
-    config = tiny_config(**{"data.demo": False, "data.episodes": str(episodes), "data.cards": str(cards),
-                            "mc_epochs": 1})
-    run_stage(config, tmp_path / "run", "mc")
-    router = Router.from_checkpoint(tmp_path / "run", stage="mc")
+def test_a_fixed_lambda_router_routes_only_at_its_lambda(fixed_lambda):
+    router = fixed_lambda
     assert not router.lambda_conditioned
-    assert router.at_lambda(config.reward.lam).lam == config.reward.lam
+    assert router.at_lambda(router.config.reward.lam).lam == router.config.reward.lam
     with pytest.raises(ValueError, match="trained for lambda 0.05 only.*reward.lam_range"):
         router.route("add two numbers", lam=0.2)
     with pytest.raises(ValueError, match="lambda must be a number"):

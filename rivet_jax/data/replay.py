@@ -34,7 +34,7 @@ class Replay:
     done: np.ndarray            # (N,) float32 d_t
     mc_return: np.ndarray       # (N,) float32 G_t = sum_k gamma^(k-t) r_k
     cost: np.ndarray            # (N,) float32 c_t / c_ref, the turn's cost in the reward's units
-    cost_return: np.ndarray     # (N,) float32 sum_k gamma^(k-t) c_k / c_ref: G_t at lambda' is G_t - (lambda' - lambda) this
+    cost_return: np.ndarray     # (N,) float32 sum_k gamma^(k-t) c_k / c_ref (G_t moves by -(lambda' - lambda) this)
     lam: np.ndarray             # (N,) float32 the lambda of `reward` and `mc_return`
     available: np.ndarray       # (N, M) bool, models that could be chosen at s_t
     next_available: np.ndarray  # (N, M) bool, models that could be chosen at s_{t+1} (all for terminal turns)
@@ -144,8 +144,9 @@ class Reward(NamedTuple):
 def episode_rows(episode: Episode, pool: ModelPool, reward: Reward) -> dict[str, np.ndarray]:
     """One validated episode's T transitions: the numeric columns of the replay, rewards and returns in float64.
 
-    action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t · cost (T,) c_t / c_ref
-    and cost_return (T,) its discounted sum from t on (the rewards and returns at any other lambda, `at_lambda`) ·
+    action (T,) int32 · reward (T,) Eq. 1 · done (T,) 1 on the last turn · mc_return (T,) G_t · cost (T,)
+    c_t / c_ref and cost_return (T,) its discounted sum from t on (the rewards and returns at any other lambda,
+    `at_lambda`) ·
     lam (T,) the lambda of reward and mc_return ·
     available (T, M) at s_t · next_available (T, M) at s_{t+1} (every model after the terminal turn) ·
     stochastic (T,) 1 where the logged choice was a draw (propensity < 1: a random router, an exploring policy).
@@ -203,8 +204,8 @@ def at_lambda(batch: Batch, lam) -> Batch:
     """`batch` with its rewards and returns at `lam` ((B,) or a scalar) instead of `batch.lam`: Eq. 1 is linear in
     lambda, r_t(lambda') = r_t(lambda) - (lambda' - lambda) c_t / c_ref, and so is every discounted return."""
     shift = lam - batch.lam
-    return batch._replace(reward=batch.reward - shift * batch.cost, mc_return=batch.mc_return - shift * batch.cost_return,
-                          lam=batch.lam + shift)
+    return batch._replace(reward=batch.reward - shift * batch.cost, lam=batch.lam + shift,
+                          mc_return=batch.mc_return - shift * batch.cost_return)
 
 
 def build_replay(
