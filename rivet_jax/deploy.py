@@ -140,8 +140,10 @@ def read_rows(held: HeldOut, commit: bool) -> np.ndarray:
     return np.flatnonzero((held.previous < 0) | ~held.logs.available[np.arange(len(held.h)), previous])
 
 
-def one_hot(chosen: np.ndarray, num_models: int) -> np.ndarray:  # (N,) -> (N, M) a deterministic target
-    return np.eye(num_models)[chosen]
+def one_hot(chosen: np.ndarray, num_models: int) -> np.ndarray:
+    """(N,) -> (N, M) bool, a deterministic target: a byte per entry, since the choice among the large pool's 142
+    candidates holds one per candidate (8 bytes each was 3 GB on 100k episodes); arithmetic reads it as 0/1."""
+    return np.eye(num_models, dtype=bool)[chosen]
 
 
 def uniform(held: HeldOut) -> np.ndarray:  # (N, M) the random router: uniform over the available models
@@ -431,8 +433,16 @@ def held_scores(scorer: Scorer, candidates: Sequence[Candidate], held: HeldOut) 
 
 
 def targets_of(scorer: Scorer, chosen_candidates: Sequence[Candidate], held: HeldOut) -> dict[str, np.ndarray]:
-    """{candidate name: (N, M) its deterministic choice at every held-out logged state}."""
-    return {c.name: one_hot(choices(q, held, scorer.commit), len(scorer.pool))
-            for c, q in zip(chosen_candidates, held_scores(scorer, chosen_candidates, held))}
+    """{candidate name: (N, M) its deterministic choice at every held-out logged state}; candidates that choose
+    alike (the conservatism grid's shared warm start, a recentring that changes no choice) share one array."""
+    distinct: dict[bytes, np.ndarray] = {}
+    targets = {}
+    for candidate, q in zip(chosen_candidates, held_scores(scorer, chosen_candidates, held)):
+        chosen = choices(q, held, scorer.commit)                                                   # (N,)
+        key = chosen.tobytes()
+        if key not in distinct:
+            distinct[key] = one_hot(chosen, len(scorer.pool))
+        targets[candidate.name] = distinct[key]
+    return targets
 
 

@@ -158,9 +158,13 @@ def test_held_scores_score_each_distinct_read_state_once_and_choose_as_full_scor
         np.concatenate([np.arange(len(e.turns)) for e in logs.episodes]))])
     held = heldout.HeldOut(logs, h, previous)
     candidates = [deploy.Candidate("raw", ("r",), "td"), deploy.Candidate("k", ("r",), "td", 0.5),
-                  deploy.Candidate("other", ("r", "s"), "td", 0.5, by_family=True)]
+                  deploy.Candidate("other", ("r", "s"), "td", 0.5, by_family=True),
+                  deploy.Candidate("raw again", ("r",), "td")]
     scorer = CountingScorer(commit)
     fast = deploy.targets_of(scorer, candidates, held)
+    # a byte per entry, and candidates that choose alike hold one array (142 of them on the large pool)
+    assert fast["raw"].dtype == bool and fast["raw again"] is fast["raw"]
+    np.testing.assert_array_equal(fast["other"].sum(axis=1), 1)
     full = {c.name: deploy.one_hot(deploy.choices(scorer.scores(c, held.h, held.families), held, commit), 3)
             for c in candidates}
     for name in full:
