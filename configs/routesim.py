@@ -72,8 +72,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # Table 2 and the diagnostics also score those runs as mean - c x sd for each c here (ensemble pessimism, the
     # alternative to Eq. 10 that does not push toward the logged model; `Router.ensemble(..., pessimism=c)`)
     config.reproduce.pessimism = (1.0,)
-    config.reproduce.lambdas = (0.0, 0.01, 0.05, 0.1, 0.2, 0.5)  # Figure 3
-    config.reproduce.sweep_stage = "all"           # stages trained at each swept lambda ('offline' is faster)
+    # Figure 3: one offline run per lambda, and one lambda-conditioned run (reward.lam_range = the sweep's range)
+    config.reproduce.lambdas = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
     config.reproduce.ood_splits = ("ood:musique", "ood:drop", "ood:mmlu_pro")
     config.reproduce.frontier_lambdas = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -96,7 +96,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     if arg == "tiny":
         config.reproduce.seeds = (0, 1)
         config.reproduce.lambdas = (0.0, 0.05, 0.5)
-        config.reproduce.sweep_stage = "offline"
         config.reproduce.ensemble = 2
         config.reproduce.frontier_lambdas = (0.0, 0.05, 0.5)
         config.baselines.mtrouter_epochs = 2

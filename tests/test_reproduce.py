@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from rivet_jax.experiments import frontier
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.runs import MAIN
 from tests.common import RECORD_LAYOUTS, run_on_eight_devices
 
 REPO = Path(__file__).resolve().parents[1]
 SPLITS = ("test", "ood:musique", "ood:drop", "ood:mmlu_pro")
-PLOTTED = ("table2", "lambda_sweep", "online_curve", "unavailability", "interventions", "scatter", "post_error",
+PLOTTED = ("table2", "lambda_sweep", "lambda_conditioned", "budget_frontier", "online_curve", "unavailability", "interventions", "scatter", "post_error",
            "stage_preferences", "diagnostics", "selection")  # every section but Table 1, whose figure is the scatter
 BASELINES = {"Best fixed (train)", "MTRouter", "Weighted kNN", "Avengers-Pro", "EmbedLLM", "RouterDC"}
 FIXED = {"fixed:apex-flash", "fixed:apex-pro", "fixed:llama-70b", "fixed:mini-4o", "fixed:quill-9b",
@@ -45,7 +46,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
                                 "interventions", "scatter", "post_error", "stage_preferences", "diagnostics",
-                                "selection"}
+                                "selection", "lambda_conditioned", "budget_frontier"}
 
     table1 = experiments["table1"]["rows"]
     for split in ("test", "ood:musique", "ood:drop", "ood:mmlu_pro"):
@@ -71,7 +72,21 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper
     sweep = experiments["lambda_sweep"]["rows"]
     assert sorted({r["lambda"] for r in sweep}) == [0.0, 0.05, 0.5]
-    assert {r["router"] for r in sweep} == {"oracle", ONE_RUN}  # one run per seed and lambda
+    # one run per seed and lambda, and one lambda-conditioned run per seed read at each lambda
+    assert {r["router"] for r in sweep} == {"oracle", frontier.PER_LAMBDA, frontier.CONDITIONED}
+    assert all(r["seeds"] == 2 for r in sweep if r["router"] != "oracle")
+    assert len(list((workdir / "runs" / "lambda_conditioned").glob("seed_*/checkpoints/td"))) == 2
+    by_lambda = {(r["router"], r["lambda"]): r for r in sweep}
+    conditioned = experiments["lambda_conditioned"]["rows"]
+    assert [r["lambda"] for r in conditioned] == [0.0, 0.05, 0.5]
+    for r in conditioned:  # the sweep's regrets side by side, the difference theirs
+        ours, theirs = by_lambda[(frontier.CONDITIONED, r["lambda"])], by_lambda[(frontier.PER_LAMBDA, r["lambda"])]
+        assert (r["conditioned_regret"], r["per_lambda_regret"]) == (ours["regret"], theirs["regret"])
+        assert r["difference"] == pytest.approx(ours["regret"] - theirs["regret"])
+    summaries = {r["router"]: r for r in experiments["budget_frontier"]["rows"] if r.get("summary")}
+    assert set(summaries) == {frontier.CONDITIONED, frontier.PER_LAMBDA, "oracle frontier"}
+    assert summaries[frontier.CONDITIONED]["points"] == 3 and summaries["oracle frontier"]["points"] == 3
+    assert all(math.isfinite(r["apgr"]) for r in summaries.values())
     assert [r["trajectories"] for r in experiments["online_curve"]["rows"]] == [0, 4, 8]  # 0: the offline router
     unavailable = experiments["unavailability"]["rows"]
     assert {r["pool"] for r in unavailable} == {"w/o apex-pro", "w/o quill-9b"}
@@ -110,7 +125,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     for stage in ("td", "online"):  # mean - sd over the same runs lies below their mean at every logged (s, m)
         assert by[(pessimistic(1.0), stage, "logged")]["bias"] < by[(MAIN, stage, "logged")]["bias"]
     report = (workdir / "report.md").read_text()
-    for title in ("Table 1", "Table 2", "Figure 3", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
+    for title in ("Table 1", "Table 2", "Figure 3", "One router for every budget", "Budget frontier", "Figure 4", "Table 5", "Table 3", "scatter", "Table 7",
                   "Figure 5", "Q* diagnostics"):
         assert title in report
     assert re.search(r"alpha=[\d.]+ chosen on 'validation' \(validation J alpha=0: -?[\d.]+; alpha=0\.1: -?[\d.]+\)",
@@ -165,8 +180,8 @@ def _same(a: dict, b: dict) -> bool:
 
 @pytest.mark.slow
 def test_tiny_report_explains_numbers_that_repeat_or_differ(reproduction):
-    """The notes' claims hold on the numbers: Table 2's RIVET (ours) and Figure 3's point at the configured lambda
-    are Table 1 rows (tiny sweeps the offline stage); Table 5's cost is relative to RIVET Online in each pool."""
+    """The notes' claims hold on the numbers: Table 2's RIVET (ours) is Table 1's row; Figure 3 says which runs it
+    compares; Table 5's cost is relative to RIVET Online in each pool."""
     workdir, _ = reproduction
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     rows = {name: e["rows"] for name, e in experiments.items()}
@@ -176,7 +191,8 @@ def test_tiny_report_explains_numbers_that_repeat_or_differ(reproduction):
     report = (workdir / "report.md").read_text()
     curve = _section(report, "Figure 4")
     assert "with seed 0" in curve and "best-validation checkpoint" in curve and "with seed 1" in curve
-    assert f"at lambda = 0.05 it is `{ONE_RUN}`, not Table 1's RIVET Offline" in _section(report, "Figure 3")
+    assert "at lambda = 0.05 the main runs' TD checkpoint, the first of the runs RIVET (ours) averages" in _section(
+        report, "Figure 3")
     assert "Table 1's RIVET Online on test" in _section(report, "Table 2")
 
 

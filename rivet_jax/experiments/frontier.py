@@ -20,11 +20,18 @@ PGR above 1 means more success than the best model at that budget (routers can b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
+
+from rivet_jax import plots
+from rivet_jax.experiments import report
 
 PGR_LEVELS = (0.5, 0.8)  # the gap shares whose cost is reported
+CONDITIONED = "RIVET, one lambda-conditioned run"  # read at each lambda of the sweep (`Router.at_lambda`)
+PER_LAMBDA = "RIVET, one run per lambda"           # trained at each lambda with the same config and seeds
 
 
 def envelope(points: Sequence[tuple[float, float]]) -> np.ndarray:
@@ -84,3 +91,94 @@ def cost_to_reach(hull: np.ndarray, success: float) -> float:
 
 def cost_key(level: float) -> str:
     return f"cost_to_pgr_{round(100 * level)}"
+
+
+# ------------------------------------------------------------------------------------- the main job's rows
+
+
+def lambda_conditioned(sweep: Sequence[dict]) -> list[dict]:
+    """`experiments.lambda_conditioned`: per lambda of the sweep's rows, the conditioned run's test regret beside
+    the per-lambda runs' (mean and sd over seeds) and the difference of the means."""
+    rows = []
+    for lam in sorted({r["lambda"] for r in sweep}):
+        at = {r["router"]: r for r in sweep if r["lambda"] == lam}
+        ours, theirs = at[CONDITIONED], at[PER_LAMBDA]
+        rows.append({"lambda": lam, "conditioned_regret": ours["regret"], "conditioned_regret_sd": ours["return_sd"],
+                     "per_lambda_regret": theirs["regret"], "per_lambda_regret_sd": theirs["return_sd"],
+                     "difference": ours["regret"] - theirs["regret"],
+                     "conditioned_accuracy": ours["accuracy"], "per_lambda_accuracy": theirs["accuracy"],
+                     "conditioned_cost_usd": ours["cost_usd"], "per_lambda_cost_usd": theirs["cost_usd"]})
+    return rows
+
+
+def budget_rows(points: Sequence[dict]) -> list[dict]:
+    """`experiments.budget_frontier`: the (cost, accuracy) points of one split (`fixed:` models among them) followed
+    by one summary row per family (the rows of CONDITIONED, PER_LAMBDA and the oracle frontier): its APGR and its
+    cost to 50% and 80% of the gap between the cheapest and the most accurate fixed model."""
+    fixed = [r for r in points if r["router"].startswith("fixed:")]
+    cheap = min(fixed, key=lambda r: (r["cost_usd"], -r["accuracy"]))
+    best = max(fixed, key=lambda r: (r["accuracy"], -r["cost_usd"]))
+    ends = ((cheap["cost_usd"], cheap["accuracy"]), (best["cost_usd"], best["accuracy"]))
+    summaries = []
+    for family in (CONDITIONED, PER_LAMBDA, report.FRONTIER):
+        members = [(r["cost_usd"], r["accuracy"]) for r in points if r["router"] == family]
+        if members:
+            summaries.append({"router": family, "summary": True, "points": len(members), "cheapest": cheap["router"],
+                              "best": best["router"], **summary(members, *ends)})
+    return [*points, *summaries]
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The budget frontier's table: one line per family."""
+    return report.markdown_table([r for r in rows if r.get("summary")], [
+        ("router", "router family", -1), ("points", "points", -1), ("apgr", "APGR", 3),
+        *((cost_key(p), f"cost to {round(100 * p)}% of the gap ($)", 3) for p in PGR_LEVELS)])
+
+
+def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
+    """Accuracy against cost: each family's envelope (line) through its points, every other router a point, the
+    cheapest-to-best band shaded; APGR in the legend."""
+    points = [r for r in rows if not r.get("summary")]
+    apgr = {r["router"]: r["apgr"] for r in rows if r.get("summary")}
+    colours = report.completed_palette(points, colours)
+    fig = Figure(figsize=(9, 5))
+    ax = fig.subplots()
+    fixed = [r for r in points if r["router"].startswith("fixed:")]
+    ax.axvspan(min(r["cost_usd"] for r in fixed), max(fixed, key=lambda r: r["accuracy"])["cost_usd"],
+               color="0.93", zorder=0, label="cheapest to most accurate fixed model")
+    for family in apgr:
+        members = [(r["cost_usd"], r["accuracy"]) for r in points if r["router"] == family]
+        hull = envelope(members)
+        ax.plot(hull[:, 0], hull[:, 1], "-" if family != report.FRONTIER else "--", color=colours[family],
+                linewidth=1.2, label=f"{family} (APGR {apgr[family]:.2f})", zorder=1)
+        if family != report.FRONTIER:
+            ax.scatter(*zip(*members), color=colours[family], marker=report.router_marker(family), s=30, zorder=3)
+    for r in points:
+        if r["router"] not in apgr:
+            ax.scatter(r["cost_usd"], r["accuracy"], color=colours[r["router"]], marker=report.router_marker(r["router"]),
+                       edgecolor="black", linewidth=0.5, s=50, label=r["router"], zorder=2)
+    ax.set_xscale("log")
+    ax.set_xlabel("cost ($ per pass over the test manifest, log scale)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.suptitle("Budget frontier on test: one lambda-conditioned run, one run per lambda, every fixed model and "
+                 "baseline")
+    return plots.save_figure(fig, path, rect=(0, 0, 0.72, 1))
+
+
+def plot_regret(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
+    """Test regret against lambda: the conditioned run and the per-lambda runs, ± sd over seeds."""
+    colours = report.completed_palette([{"router": CONDITIONED}, {"router": PER_LAMBDA}], colours)
+    fig = Figure(figsize=(6, 3.8))
+    ax = fig.subplots()
+    lams = [r["lambda"] for r in rows]
+    for family, key in ((CONDITIONED, "conditioned_regret"), (PER_LAMBDA, "per_lambda_regret")):
+        ax.errorbar(lams, [r[key] for r in rows], yerr=[r[f"{key}_sd"] for r in rows], fmt="o-",
+                    color=colours[family], capsize=3, label=family)
+    ax.set_xscale("symlog", linthresh=0.01)
+    ax.set_xticks(lams, [f"{lam:g}" for lam in lams])
+    ax.set_xlabel("lambda (cost coefficient)")
+    ax.set_ylabel("test regret (oracle J - J)")
+    ax.legend(fontsize=8)
+    fig.suptitle("One lambda-conditioned run against one run per lambda (error bars: sd over seeds)")
+    return plots.save_figure(fig, path)

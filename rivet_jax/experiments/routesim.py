@@ -37,13 +37,14 @@ from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import diagnostics, report, routesim_report, selection, traces
+from rivet_jax.experiments import diagnostics, frontier, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Phases, Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
 from rivet_jax.router import Router
 
+CONDITIONED_RUNS = "lambda_conditioned"  # the variant trained on every lambda of the sweep at once
 ABLATIONS = {"w/o CQL": {"loss.alpha": 0.0}, "w/o RIVE": {"loss.beta": 0.0},
              "w/o response": {"loss.zero_response": True}}
 
@@ -133,18 +134,31 @@ def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list
     return [seed_row(name, split, per_seed, top, reference) for name, per_seed in metrics.items()]
 
 
-def lambda_sweep(ev: Evaluator, by_lambda: dict[float, list[Router]], name: str = MAIN) -> list[dict]:
-    """RIVET (as `name`) and the oracle at each lambda (accuracy and cost do not depend on lambda's use in J)."""
+def lambda_sweep(ev: Evaluator, per_lambda: dict[float, list[Router]], conditioned: list[Router]) -> list[dict]:
+    """Figure 3: at each lambda, the oracle, the runs trained at that lambda (one per seed) and the
+    lambda-conditioned runs (one per seed) read at it. Accuracy and cost of a fixed model do not depend on lambda."""
     split, rows = ev.config.evaluate.split, []
-    fixed = ev.exact(split, ev.config.reward.lam)  # a fixed model's accuracy and cost do not depend on lambda
+    fixed = ev.exact(split, ev.config.reward.lam)
     reference = fixed[oracle.most_accurate_fixed(fixed, ev.sim.pool.names)]["cost"]
-    for lam, routers in sorted(by_lambda.items()):
+    for lam, routers in sorted(per_lambda.items()):
         best = ev.oracle(split, lam)
         top = best["return"]
         rows.append({**row("oracle", split, best, top, reference), "lambda": lam})
-        rows.append({**seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in routers], top,
-                                 reference), "lambda": lam})
+        for name, family in ((frontier.PER_LAMBDA, routers), (frontier.CONDITIONED,
+                                                               [r.at_lambda(lam) for r in conditioned])):
+            rows.append({**seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam) for r in family], top,
+                                    reference), "lambda": lam})
     return rows
+
+
+def budget_frontier(ev: Evaluator, sweep: list[dict], scatter_rows: list[dict]) -> list[dict]:
+    """The test split's points (Table 1's routers, fixed models and oracle frontier: the scatter's; the sweep's two
+    RIVET families) and each family's APGR and cost to 50% / 80% of the cheapest-to-best gap (experiments/frontier.py)."""
+    split = ev.config.evaluate.split
+    keys = ("router", "split", "lambda", "accuracy", "cost_usd", "accuracy_sd", "cost_usd_sd")
+    points = [{k: r[k] for k in keys if k in r} for r in (*scatter_rows, *sweep)
+              if r["split"] == split and r["router"] not in ("oracle", "random")]
+    return frontier.budget_rows(points)
 
 
 def online_curve(run_dirs: Sequence[Path], split: str) -> list[dict]:
@@ -272,11 +286,15 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     sim = make_routesim(config.sim)
     chosen, selected = selection.select(config, sim, {s: by_setting[selection.variant(s)] for s in settings})
     main_dirs = by_setting[selection.variant(chosen)]
-    other_lambdas = [float(x) for x in rp.lambdas if float(x) != float(lam)]
+    sweep = sorted({float(x) for x in rp.lambdas} | {float(lam)})
+    other_lambdas = [x for x in sweep if x != float(lam)]
     at_chosen = {**selection.overrides(chosen), "online.curve_points": ()}  # Figure 4 is the main runs' alone
+    # The sweep compares offline routers: one run per lambda (the main runs' TD checkpoint at lambda = lam) and one
+    # run conditioned on every lambda of the sweep (`reward.lam_range`; offline only).
     variants = {**{name: ({**at_chosen, **overrides}, "all") for name, overrides in ABLATIONS.items()
                    if name != "w/o CQL"},
-                **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, rp.sweep_stage) for x in other_lambdas}}
+                **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, "offline") for x in other_lambdas},
+                CONDITIONED_RUNS: ({**at_chosen, "reward.lam_range": (sweep[0], sweep[-1])}, "offline")}
     scores = "; ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
@@ -315,7 +333,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
     rollout_sets = (len(splits) * (fitted + 2 * seeds)
                     + (1 + len(singles) + len(lower) + len(other_settings) + len(ABLATIONS)) * seeds
-                    + len(sweep_dirs) * seeds
+                    + 2 * len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
     experiments: dict[str, list[dict]] = {}
@@ -327,16 +345,17 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                    for name, dirs in {**singles, **other_settings, **ablation_dirs}.items()}}
     experiments["table2"] = table2(ev, variants, lam)
     log("Table 2 done")
-    sweep_stage = "online" if rp.sweep_stage == "all" else "td"
     experiments["lambda_sweep"] = lambda_sweep(ev, {
-        sweep_lam: [Router.from_checkpoint(d, stage=sweep_stage) for d in dirs]
-        for sweep_lam, dirs in sweep_dirs.items()}, one_run)
-    log("Figure 3 done")
+        sweep_lam: [Router.from_checkpoint(d, stage="td") for d in dirs] for sweep_lam, dirs in sweep_dirs.items()},
+        [Router.from_checkpoint(d, stage="td") for d in dirs[CONDITIONED_RUNS]])
+    experiments["lambda_conditioned"] = frontier.lambda_conditioned(experiments["lambda_sweep"])
+    log("Figure 3 (one lambda-conditioned run against one run per lambda) done")
     experiments["online_curve"] = online_curve(main_dirs, config.online.test_split)
     experiments["unavailability"] = unavailability(ev, baselines, onlines, lam)
     log("Table 5 done")
     experiments["interventions"] = interventions(ev, onlines, lam)
     experiments["scatter"] = scatter(ev, experiments["table1"])
+    experiments["budget_frontier"] = budget_frontier(ev, experiments["lambda_sweep"], experiments["scatter"])
     experiments["post_error"] = post_error(ev)
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
@@ -358,13 +377,13 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                         f"(mean per-turn cost of the logged corpus). RIVET rows: mean ± standard deviation over "
                         f"seeds {list(rp.seeds)}{ensemble_note}. Oracle, fixed models and the random router are exact "
                         f"expectations; learned routers are rolled out {config.evaluate.rollouts_per_task} time(s) "
-                        f"per task. Regret = the oracle's expected return J minus the router's. Sweep runs: stage "
-                        f"'{rp.sweep_stage}'.")}
+                        f"per task. Regret = the oracle's expected return J minus the router's. Lambda sweep: TD "
+                        f"checkpoints, one run per lambda and seed against one lambda-conditioned run per seed.")}
     traced = "every learned router's Table 1 traces, test and OOD pooled"
     tables = {**routesim_report.TABLES,
               "post_error": report.post_error_section(f"{traced}; switch cost also relative to MTRouter's"),
               "stage_preferences": report.stage_section(traced, sim.pool.names)}
-    colours = report.router_colours([r["router"] for rows in experiments.values() for r in rows]
+    colours = report.router_colours([r["router"] for rows in experiments.values() for r in rows if "router" in r]
                                     + [f"fixed:{m}" for m in sim.pool.names])
     notes = routesim_report.report_notes(config, [online.read_progress(d)["best_at"] for d in main_dirs],
                          len(sim.tasks(config.evaluate.split)))

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import ml_collections
 
-from rivet_jax.experiments import diagnostics, report, selection
+from rivet_jax.experiments import diagnostics, frontier, report, selection
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.runs import MAIN
 
@@ -45,8 +45,16 @@ TABLES = {
     "table2": ("Table 2: ablations on the test manifest (cost relative to RIVET (ours), online stage)",
                [("router", "configuration", -1), ("accuracy", "accuracy", 3), ("cost_usd", "cost ($)", 3),
                 ("cost_rel", "cost rel.", 3), ("regret", "regret (J)", 3)]),
-    "lambda_sweep": ("Figure 3: cost-coefficient sweep", [("lambda", "lambda", -1)] + _MAIN_COLUMNS[:1]
-                     + _MAIN_COLUMNS[2:6]),
+    "lambda_sweep": ("Figure 3: cost-coefficient sweep (one run per lambda, one lambda-conditioned run)",
+                     [("lambda", "lambda", -1)] + _MAIN_COLUMNS[:1] + _MAIN_COLUMNS[2:6]),
+    "lambda_conditioned": ("One router for every budget: the lambda-conditioned run against one run per lambda",
+                           [("lambda", "lambda", -1), ("conditioned_regret", "conditioned regret", 3),
+                            ("conditioned_regret_sd", "sd", 3), ("per_lambda_regret", "per-lambda regret", 3),
+                            ("per_lambda_regret_sd", "sd", 3), ("difference", "difference", 3),
+                            ("conditioned_accuracy", "conditioned accuracy", 3),
+                            ("per_lambda_accuracy", "per-lambda accuracy", 3)]),
+    "budget_frontier": ("Budget frontier on test: APGR and the cost of reaching 50% / 80% of the best model's gain",
+                        frontier.summary_table),
     "online_curve": ("Figure 4: online adaptation (test manifest)",
                      [("trajectories", "online trajectories", -1), ("seeds", "seeds", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3)]),
@@ -59,14 +67,15 @@ TABLES = {
     "diagnostics": ("Q* diagnostics: learned Q_route against RouteSim's exact Q*",
                     [("router", "router", -1)] + diagnostics.COLUMNS[1:3] + diagnostics.COLUMNS[4:]),
 }
-PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep,
+PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep, "budget_frontier": frontier.plot,
+         "lambda_conditioned": frontier.plot_regret,
          "online_curve": report.plot_online_curve, "unavailability": report.plot_unavailability,
          "interventions": report.plot_interventions, "scatter": report.plot_scatter,
          "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences,
          "diagnostics": diagnostics.plot, "selection": selection.plot}
 # Each table's figure next to it (the scatter is Table 1's); how RIVET (ours) was chosen right before its ablations.
-REPORT_ORDER = ("table1", "scatter", "selection", "table2", "lambda_sweep", "online_curve", "unavailability",
-                "interventions", "post_error", "stage_preferences", "diagnostics")
+REPORT_ORDER = ("table1", "scatter", "selection", "table2", "lambda_sweep", "lambda_conditioned", "budget_frontier",
+                "online_curve", "unavailability", "interventions", "post_error", "stage_preferences", "diagnostics")
 
 
 def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test_tasks: int) -> dict[str, str]:
@@ -77,7 +86,6 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                 f", each seed's Q_route averaged over {rp.ensemble} runs (`Router.ensemble`: the seed's own run and "
                 f"{rp.ensemble - 1} at seeds + 1000, + 2000, ...)")
     seeds, rollouts = len(rp.seeds), f"{ev.rollouts_per_task} time(s) per task with seed {ev.seed}"
-    sweep = "Online" if rp.sweep_stage == "all" else "Offline"
     if on.eval_seed == ev.seed and on.eval_rollouts == ev.rollouts_per_task:
         streams = "The random streams are Table 1's: a seed's point at its best checkpoint's k is its Table 1 row."
     else:
@@ -119,13 +127,24 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                       f" {', '.join(f'`{pessimistic(c)}`' for c in rp.pessimism)}: RIVET (ours)'s runs scored "
                       f"as mean - c x sd over them instead of their mean (`Router.ensemble(..., pessimism=c)`, a "
                       f"lower confidence bound: conservatism that does not push toward the logged model).")),
-        "lambda_sweep": ((f"RIVET at lambda = {lam} is Table 1's RIVET {sweep} on test (the main runs' "
-                          if rp.ensemble == 1 else
-                          f"The sweep trains one run per seed and lambda: at lambda = {lam} it is `{ONE_RUN}`, not "
-                          f"Table 1's RIVET {sweep}, which averages {rp.ensemble} runs (the first of them: ")
-                         + f"{'online' if sweep == 'Online' else 'TD'} checkpoints, sweep stage '{rp.sweep_stage}', "
-                         f"the same rollouts) and the oracle there is Table 1's test oracle; `cost rel.` is relative "
-                         f"to the test split's most accurate fixed model, as in Table 1."),
+        "lambda_sweep": (f"Both families are TD checkpoints, one run per seed ({seeds} seeds), rolled out with Table 1's "
+                         f"seeds: `{frontier.PER_LAMBDA}` trains a run at each lambda (at lambda = {lam} the main runs'"
+                         f" TD checkpoint{'' if rp.ensemble == 1 else ', the first of the runs RIVET (ours) averages'})"
+                         f"; `{frontier.CONDITIONED}` trains one run with lambda drawn per batch from "
+                         f"[{min(*rp.lambdas, lam)}, {max(*rp.lambdas, lam)}] (`reward.lam_range`) and reads it at "
+                         f"each lambda (`Router.at_lambda`). The oracle at each lambda is exact; `cost rel.` is "
+                         f"relative to the test split's most accurate fixed model, as in Table 1."),
+        "lambda_conditioned": ("Figure 3's rows side by side: regret (the oracle's J at that lambda minus the "
+                               "router's), mean and sd over seeds; `difference` = conditioned - per-lambda (positive: "
+                               "the one run for every lambda loses that much to the run trained at that lambda)."),
+        "budget_frontier": ("S(c), the accuracy a budget c buys from a family, is the upper envelope of its points "
+                            "(drawing one of two routers per episode reaches the segment between them), starting at "
+                            "the cheapest fixed model. APGR = the mean over budgets from the cheapest to the most "
+                            "accurate fixed model's cost of (S(c) - its accuracy) / (the most accurate one's - its "
+                            "accuracy): RouteLLM's average performance gap recovered, for any number of models (above "
+                            "1: more accurate than the best model at lower cost). The costs are the least budgets "
+                            "whose S(c) closes 50% and 80% of that gap (nan: never). Points: Table 1's test rows and "
+                            "the oracle frontier (the scatter's) and Figure 3's two families."),
         "online_curve": (f"Each point is the router while it adapts, after k online trajectories (k = 0: the offline "
                          f"TD router, before any update), rolled out on '{on.test_split}' {on.eval_rollouts} time(s) "
                          f"per task with seed {on.eval_seed}; mean ± sd over the seeds whose run reached k (`seeds`: "
