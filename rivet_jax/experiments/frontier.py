@@ -136,16 +136,13 @@ def summary_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
-    """Accuracy against cost: each family's envelope (line) through its points, every other router a point, the
-    cheapest-to-best band shaded; APGR in the legend."""
+    """Accuracy against cost: each family's envelope (line) through its points, every other router a point; APGR in
+    the legend."""
     points = [r for r in rows if not r.get("summary")]
     apgr = {r["router"]: r["apgr"] for r in rows if r.get("summary")}
     colours = report.completed_palette(points, colours)
-    fig = Figure(figsize=(9, 5))
+    fig = Figure(figsize=(10, 5))
     ax = fig.subplots()
-    fixed = [r for r in points if r["router"].startswith("fixed:")]
-    ax.axvspan(min(r["cost_usd"] for r in fixed), max(fixed, key=lambda r: r["accuracy"])["cost_usd"],
-               color="0.93", zorder=0, label="cheapest to most accurate fixed model")
     for family in apgr:
         members = [(r["cost_usd"], r["accuracy"]) for r in points if r["router"] == family]
         hull = envelope(members)
@@ -160,10 +157,9 @@ def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
     ax.set_xscale("log")
     ax.set_xlabel("cost ($ per pass over the test manifest, log scale)")
     ax.set_ylabel("test accuracy")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.suptitle("Budget frontier on test: one lambda-conditioned run, one run per lambda, every fixed model and "
-                 "baseline")
-    return plots.save_figure(fig, path, rect=(0, 0, 0.72, 1))
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="center right")
+    fig.suptitle("Budget frontier on test: the two RIVET families over lambda, the fixed models and the baselines")
+    return plots.save_figure(fig, path, rect=(0, 0, 0.68, 1))
 
 
 def plot_regret(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:

@@ -294,7 +294,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     variants = {**{name: ({**at_chosen, **overrides}, "all") for name, overrides in ABLATIONS.items()
                    if name != "w/o CQL"},
                 **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, "offline") for x in other_lambdas},
-                CONDITIONED_RUNS: ({**at_chosen, "reward.lam_range": (sweep[0], sweep[-1])}, "offline")}
+                CONDITIONED_RUNS: ({**at_chosen, "reward.lam_range": (sweep[0], sweep[-1]),
+                                    "td_epochs": rp.conditioned_td_epochs}, "offline")}
     scores = "; ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "

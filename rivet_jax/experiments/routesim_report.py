@@ -130,7 +130,8 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
         "lambda_sweep": (f"Both families are TD checkpoints, one run per seed ({seeds} seeds), rolled out with Table 1's "
                          f"seeds: `{frontier.PER_LAMBDA}` trains a run at each lambda (at lambda = {lam} the main runs'"
                          f" TD checkpoint{'' if rp.ensemble == 1 else ', the first of the runs RIVET (ours) averages'})"
-                         f"; `{frontier.CONDITIONED}` trains one run with lambda drawn per batch from "
+                         f"; `{frontier.CONDITIONED}` trains one run ({rp.conditioned_td_epochs} TD epochs) with lambda drawn per "
+                         f"transition from "
                          f"[{min(*rp.lambdas, lam)}, {max(*rp.lambdas, lam)}] (`reward.lam_range`) and reads it at "
                          f"each lambda (`Router.at_lambda`). The oracle at each lambda is exact; `cost rel.` is "
                          f"relative to the test split's most accurate fixed model, as in Table 1."),
