@@ -58,12 +58,12 @@ def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Pat
     runs = [(name, seed) for name in variants for seed in seeds]
     configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
     dirs = [run_dir(workdir, name, seed) for name, seed in runs]
-    stages = [train.stages_of(c) for c in configs]
-    epochs = {"mc": config.mc_epochs, "td": config.td_epochs}
-    offline = Progress("offline training (run-epochs)", sum(epochs[s] for ss in stages for s in ss if s in epochs))
-    offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs[s])
-                       for d, ss in zip(dirs, stages) for s in ss
-                       if s in epochs and checkpointing.stage_dir(d, s).is_dir())
+    # (run dir, stage, its epochs): each run's own (a variant may override them)
+    offline_stages = [(d, s, c.mc_epochs if s == "mc" else c.td_epochs)
+                      for c, d in zip(configs, dirs) for s in train.stages_of(c) if s in ("mc", "td")]
+    offline = Progress("offline training (run-epochs)", sum(epochs for _, _, epochs in offline_stages))
+    offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs)
+                       for d, s, epochs in offline_stages if checkpointing.stage_dir(d, s).is_dir())
     train.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
     return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
 
