@@ -238,6 +238,9 @@ SETTINGS: dict[str, Setting] = {
                                  default=(0.0, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)),
     "calibrate.stage": Setting("the stages each lambda's router trains", one_of(*STAGES),
                                f"one of {', '.join(STAGES)}", default='offline'),
+    "calibrate.one_run": Setting("train one lambda-conditioned run for every lambda (reward.lam_range over them; "
+                                 "offline stages only) instead of a run per lambda", one_of(True, False),
+                                 "true or false", default=True),
     "calibrate.rollouts": Setting("RouteSim: rollouts per validation task", *_INT1, default=8),
     "calibrate.split": Setting("RouteSim: the tasks rolled out on (own logs: the held-out validation split)",
                                default='validation'),

@@ -70,10 +70,12 @@ def test_episode_summary_averages_rollouts_within_a_task_first():
 
 @pytest.fixture(scope="module")
 def routesim_calibration(tmp_path_factory) -> Path:
-    """launch.calibrate on tiny RouteSim (1 device), run once for this module's tests."""
+    """launch.calibrate on tiny RouteSim (1 device), a router per lambda (the one-run default is
+    tests/test_lambda_conditioned.py's and the own-logs test's), run once for this module's tests."""
     workdir = tmp_path_factory.mktemp("calibrate")
     result = subprocess.run([sys.executable, "-m", "launch.calibrate", "--config=configs/routesim.py:tiny",
-                             f"--workdir={workdir}", "--budget_usd_per_episode=0.004"], cwd=REPO,
+                             f"--workdir={workdir}", "--budget_usd_per_episode=0.004",
+                             "--config.calibrate.one_run=False"], cwd=REPO,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     (workdir / "stdout.txt").write_text(result.stdout)
@@ -133,7 +135,9 @@ def test_tiny_calibration_on_own_logs_estimates_off_policy(tmp_path):
     # J is discounted at each router's own lambda, with an interval; the fixed models are estimated alike
     assert all(r["return_lo"] <= r["return"] <= r["return_hi"] for r in out["rows"] + out["fixed"])
     assert len(out["fixed"]) == 6 and out["verdict"]["estimator"] == "FQE" and "# Verdict" in result.stdout
-    splits = json.loads((tmp_path / "w" / "runs" / "lambda0" / "seed_42" / "splits.json").read_text())
+    # one lambda-conditioned run for both lambdas (calibrate.one_run, the default)
+    assert [p.name for p in (tmp_path / "w" / "runs").iterdir()] == ["lambda-conditioned"]
+    splits = json.loads((tmp_path / "w" / "runs" / "lambda-conditioned" / "seed_42" / "splits.json").read_text())
     assert splits["validation"] and not set(splits["validation"]) & set(splits["train"])
 
 
@@ -149,7 +153,8 @@ CALIBRATE_SCRIPT = textwrap.dedent("""
     # launch.calibrate's run (a router per lambda: 2 runs, one group, measured on validation) on 8 devices; the
     # launcher's own run (1 device) is the reference.
     workdir, reference = sys.argv[1], sys.argv[2]
-    calibrate.calibrate(with_overrides(routesim.get_config("tiny"), {"devices": 8}), f"{workdir}/d8", 0.004)
+    calibrate.calibrate(with_overrides(routesim.get_config("tiny"), {"devices": 8, "calibrate.one_run": False}),
+                        f"{workdir}/d8", 0.004)
     # 2 runs on 8 devices: a run per half of the devices, each run's batch split over its 4.
     assert [layout for layout in LAYOUTS if layout[1] == 8] == [(2, 8, ("runs",), 8)] * 2, LAYOUTS
     eight = json.loads(open(f"{workdir}/d8/calibration.json").read())
