@@ -7,7 +7,7 @@ import math
 import pytest
 from matplotlib.colors import to_rgba
 
-from rivet_jax.experiments import report, routesim_report
+from rivet_jax.experiments import frontier, report, routesim_report
 from rivet_jax.experiments.common import ONE_RUN
 from rivet_jax.runs import MAIN
 
@@ -45,11 +45,14 @@ def experiments() -> dict[str, list[dict]]:
                    "switch_rate": 0.0 if n == "MTRouter" else 0.3, "switch_cost_usd": math.nan if n == "MTRouter"
                    else 0.001, "switch_cost_rel": math.nan, "next_turn_recovery": math.nan if n == "MTRouter" else 0.5}
                   for n in LEARNED]
+    sweep = [{**metric_row(n, "test", i), "lambda": lam} for lam in (0.0, 0.05)
+             for i, n in enumerate(("oracle", frontier.PER_LAMBDA, frontier.CONDITIONED))]
+    points = [r for r in scatter + sweep if r["split"] == "test" and r["router"] not in ("oracle", "random")]
     return {
         "table1": table1, "scatter": scatter,
         "table2": [metric_row(n, "test", i) for i, n in enumerate((MAIN, "w/o CQL", "w/o RIVE"))],
-        "lambda_sweep": [{**metric_row(n, "test", i), "lambda": lam} for lam in (0.0, 0.05)
-                         for i, n in enumerate(("oracle", MAIN))],
+        "lambda_sweep": sweep, "lambda_conditioned": frontier.lambda_conditioned(sweep),
+        "budget_frontier": frontier.budget_rows(points),
         "online_curve": [{"router": MAIN, "split": "test", "trajectories": k, "seeds": seeds, "accuracy": 0.6,
                           "accuracy_sd": 0.1, "cost_usd": 0.02, "cost_usd_sd": 0.003}
                          for k, seeds in ((0, 2), (4, 2), (8, 1))],
@@ -76,7 +79,7 @@ def tables() -> dict:
 
 
 def palette(exps: dict) -> dict[str, str]:
-    return report.router_colours([r["router"] for rows in exps.values() for r in rows] + FIXED)
+    return report.router_colours([r["router"] for rows in exps.values() for r in rows if "router" in r] + FIXED)
 
 
 def markdown_tables(text: str) -> list[tuple[str, list[list[str]]]]:
@@ -174,7 +177,8 @@ def test_one_colour_per_router_in_every_figure(tmp_path):
                 else f"RIVET Online: {label}"
             assert drawn_in == {to_rgba(colours[router])}, (name, label)
             seen.setdefault(colours[router], set()).add(router.split(": ")[0])
-    assert set().union(*seen.values()) == {r["router"].split(": ")[0] for rows in exps.values() for r in rows}
+    assert set().union(*seen.values()) == {r["router"].split(": ")[0] for rows in exps.values() for r in rows
+                                           if "router" in r}
     shared = [{MAIN, "RIVET Online"}, {"oracle", report.FRONTIER}]  # the same routers; the oracle at every lambda
     assert all(len(routers) == 1 or routers in shared for routers in seen.values()), seen
     # the same colour for the same router, also where a figure lacks some routers, and for the models' donuts

@@ -136,8 +136,8 @@ def summary_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
-    """Accuracy against cost: each family's envelope (line) through its points, every other router a point; APGR in
-    the legend."""
+    """Accuracy against cost: each family's envelope (line) through its points, every other router a point; each
+    family's APGR above."""
     points = [r for r in rows if not r.get("summary")]
     apgr = {r["router"]: r["apgr"] for r in rows if r.get("summary")}
     colours = report.completed_palette(points, colours)
@@ -147,13 +147,14 @@ def plot(rows: list[dict], path: Path, colours: dict | None = None) -> Figure:
         members = [(r["cost_usd"], r["accuracy"]) for r in points if r["router"] == family]
         hull = envelope(members)
         ax.plot(hull[:, 0], hull[:, 1], "-" if family != report.FRONTIER else "--", color=colours[family],
-                linewidth=1.2, label=f"{family} (APGR {apgr[family]:.2f})", zorder=1)
+                linewidth=1.2, label=family, zorder=1)
         if family != report.FRONTIER:
             ax.scatter(*zip(*members), color=colours[family], marker=report.router_marker(family), s=30, zorder=3)
     for r in points:
         if r["router"] not in apgr:
             ax.scatter(r["cost_usd"], r["accuracy"], color=colours[r["router"]], marker=report.router_marker(r["router"]),
                        edgecolor="black", linewidth=0.5, s=50, label=r["router"], zorder=2)
+    ax.set_title("APGR: " + ", ".join(f"{family} {value:.2f}" for family, value in apgr.items()), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("cost ($ per pass over the test manifest, log scale)")
     ax.set_ylabel("test accuracy")
