@@ -151,11 +151,10 @@ def _own_splits(config, run_dir: Path) -> dict[str, list[Episode]]:
 
 def with_one_run(config, lambdas: list[float]):
     """`config`, lambda-conditioned over the lambdas' range where `calibrate.one_run` asks for it: one run learns
-    them all (on the six-model MINT pool and RouteSim in 41% and 52% of the grid's time, and each chose a router with
-    more validation success within the budget than the grid's). Left as is: a config already conditioned, one lambda
-    only, or an online stage (which adapts at one lambda)."""
+    them all (timings and choices against a run per lambda: docs/own-logs.md). Left as is: a config already
+    conditioned, one lambda only, or an online stage (which adapts at one lambda)."""
     online = "online" in train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
-    if not config.calibrate.get("one_run", True) or lambda_conditioned(config) or len(set(lambdas)) < 2 or online:
+    if not config.calibrate.one_run or lambda_conditioned(config) or len(set(lambdas)) < 2 or online:
         return config
     return with_overrides(config, {"reward.lam_range": (min(lambdas), max(lambdas))})
 

@@ -286,7 +286,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     sim = make_routesim(config.sim)
     chosen, selected = selection.select(config, sim, {s: by_setting[selection.variant(s)] for s in settings})
     main_dirs = by_setting[selection.variant(chosen)]
-    sweep = sorted({float(x) for x in rp.lambdas} | {float(lam)})
+    sweep = routesim_report.sweep_lambdas(config)
     other_lambdas = [x for x in sweep if x != float(lam)]
     at_chosen = {**selection.overrides(chosen), "online.curve_points": ()}  # Figure 4 is the main runs' alone
     # The sweep compares offline routers: one run per lambda (the main runs' TD checkpoint at lambda = lam) and one

@@ -78,10 +78,17 @@ REPORT_ORDER = ("table1", "scatter", "selection", "table2", "lambda_sweep", "lam
                 "online_curve", "unavailability", "interventions", "post_error", "stage_preferences", "diagnostics")
 
 
+def sweep_lambdas(config: ml_collections.ConfigDict) -> list[float]:
+    """Figure 3's lambdas, ascending: `reproduce.lambdas` and the main runs' own; the conditioned run learns their
+    range."""
+    return sorted({float(x) for x in config.reproduce.lambdas} | {float(config.reward.lam)})
+
+
 def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test_tasks: int) -> dict[str, str]:
     """The text under each section whose numbers can look inconsistent with another's: what each is measured on.
     Every claim follows from the function computing the rows; `best_at`: each seed's best-validation trajectory."""
     ev, on, rp, lam = config.evaluate, config.online, config.reproduce, config.reward.lam
+    sweep = sweep_lambdas(config)
     averaged = ("" if rp.ensemble == 1 else
                 f", each seed's Q_route averaged over {rp.ensemble} runs (`Router.ensemble`: the seed's own run and "
                 f"{rp.ensemble - 1} at seeds + 1000, + 2000, ...)")
@@ -127,12 +134,12 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                       f" {', '.join(f'`{pessimistic(c)}`' for c in rp.pessimism)}: RIVET (ours)'s runs scored "
                       f"as mean - c x sd over them instead of their mean (`Router.ensemble(..., pessimism=c)`, a "
                       f"lower confidence bound: conservatism that does not push toward the logged model).")),
-        "lambda_sweep": (f"Both families are TD checkpoints, one run per seed ({seeds} seeds), rolled out with Table 1's "
-                         f"seeds: `{frontier.PER_LAMBDA}` trains a run at each lambda (at lambda = {lam} the main runs'"
-                         f" TD checkpoint{'' if rp.ensemble == 1 else ', the first of the runs RIVET (ours) averages'})"
-                         f"; `{frontier.CONDITIONED}` trains one run ({rp.conditioned_td_epochs} TD epochs) with lambda drawn per "
-                         f"transition from "
-                         f"[{min(*rp.lambdas, lam)}, {max(*rp.lambdas, lam)}] (`reward.lam_range`) and reads it at "
+        "lambda_sweep": (f"Both families are TD checkpoints, one run per seed ({seeds} seeds), rolled out with "
+                         f"Table 1's seeds: `{frontier.PER_LAMBDA}` trains a run at each lambda (at lambda = {lam} "
+                         f"the main runs' TD checkpoint"
+                         f"{'' if rp.ensemble == 1 else ', the first of the runs RIVET (ours) averages'}); "
+                         f"`{frontier.CONDITIONED}` trains one run ({rp.conditioned_td_epochs} TD epochs) with lambda "
+                         f"drawn per transition from [{sweep[0]}, {sweep[-1]}] (`reward.lam_range`) and reads it at "
                          f"each lambda (`Router.at_lambda`). The oracle at each lambda is exact; `cost rel.` is "
                          f"relative to the test split's most accurate fixed model, as in Table 1."),
         "lambda_conditioned": ("Figure 3's rows side by side: regret (the oracle's J at that lambda minus the "
