@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from rivet_jax.data.converters import convert, mtrouter, openai_chat
+from rivet_jax.data.converters.common import tokens_and_cost
+from rivet_jax.data.validation import Where
 from rivet_jax.data.converters.mtrouter import convert_mtrouter
 from rivet_jax.data.converters.openai_chat import convert_openai_chat, prompt_task_id, routing_state
 from rivet_jax.data.schema import (
@@ -438,3 +440,52 @@ def test_the_worked_example_converts_as_the_docs_say(tmp_path):
     assert (first.model, first.feedback) == ("sage-s", "[user] Observation: 72")
     assert first.cost == pytest.approx((0.5 * 31 + 1.5 * 12) / 1e6)  # from the card's prices
     assert (second.model, second.cost) == ("coder-m", 0.00021)       # as logged
+
+
+def test_cached_prompt_tokens_are_read_in_openais_and_anthropics_usage_shapes_and_billed_at_the_cached_price():
+    card = ModelCard("c", "Cached.", price_in_per_mtok=3.0, price_out_per_mtok=15.0, price_cached_in_per_mtok=0.3,
+                     price_cache_write_per_mtok=3.75)
+    where = Where("logs.jsonl", 7)
+    openai_usage = {"prompt_tokens": 1000, "completion_tokens": 50, "total_tokens": 1050,
+                    "prompt_tokens_details": {"cached_tokens": 800, "audio_tokens": 0}}
+    call = tokens_and_cost(openai_usage, card, where, "usage")
+    assert (call.prompt_tokens, call.completion_tokens, call.cached_tokens, call.cache_write_tokens) == (
+        1000, 50, 800, None)
+    assert call.cost == pytest.approx((3.0 * 200 + 0.3 * 800 + 15.0 * 50) / 1e6)
+    # Anthropic's: input_tokens leaves out what was read from and written to the cache
+    anthropic = {"input_tokens": 100, "cache_read_input_tokens": 800, "cache_creation_input_tokens": 300,
+                 "output_tokens": 50}
+    call = tokens_and_cost(anthropic, card, where, "usage")
+    assert (call.prompt_tokens, call.cached_tokens, call.cache_write_tokens) == (1200, 800, 300)
+    assert call.cost == pytest.approx((3.0 * 100 + 0.3 * 800 + 3.75 * 300 + 15.0 * 50) / 1e6)
+    # a gateway's OpenAI shape with Anthropic's counts: parts of prompt_tokens
+    gateway = {"prompt_tokens": 1200, "completion_tokens": 50, "cache_read_input_tokens": 800,
+               "cache_creation_input_tokens": 300}
+    assert tokens_and_cost(gateway, card, where, "usage").cost == pytest.approx(call.cost)
+    # what was billed wins; no cache counts: every prompt token at the input price, as before caching
+    assert tokens_and_cost({**openai_usage, "cost": 0.01}, card, where, "usage").cost == 0.01
+    plain = tokens_and_cost({"prompt_tokens": 1000, "completion_tokens": 50}, card, where, "usage")
+    assert plain.cached_tokens is None and plain.cost == pytest.approx((3.0 * 1000 + 15.0 * 50) / 1e6)
+    for bad, field in (({**openai_usage, "prompt_tokens_details": {"cached_tokens": 1001}}, "usage.prompt_tokens"),
+                       ({**openai_usage, "prompt_tokens_details": {"cached_tokens": -1}},
+                        "usage.prompt_tokens_details.cached_tokens"),
+                       ({**openai_usage, "prompt_tokens_details": 5}, "usage.prompt_tokens_details"),
+                       ({"input_tokens": 1}, "usage.output_tokens")):
+        with pytest.raises(DataError) as info:
+            tokens_and_cost(bad, card, where, "usage")
+        assert (info.value.path, info.value.line, info.value.field) == ("logs.jsonl", 7, field)
+
+
+def test_an_openai_chat_log_with_cached_tokens_records_them_on_the_turn(tmp_path):
+    pool = ModelPool((ModelCard("small", "Cheap.", price_in_per_mtok=1.0, price_out_per_mtok=2.0,
+                                price_cached_in_per_mtok=0.1),))
+    record = {"id": "c1", "outcome": 1, "messages": [
+        {"role": "user", "content": "Add 2 and 2."},
+        {"role": "assistant", "content": "4", "model": "small",
+         "usage": {"prompt_tokens": 100, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 64}}}]}
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    [episode] = convert_openai_chat(path, pool)
+    [turn] = episode.turns
+    assert (turn.prompt_tokens, turn.cached_tokens, turn.cache_write_tokens) == (100, 64, None)
+    assert turn.cost == pytest.approx((1.0 * 36 + 0.1 * 64 + 2.0 * 2) / 1e6)

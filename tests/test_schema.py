@@ -374,6 +374,44 @@ def test_model_card_reads_structured_fields_and_validates_fields():
     assert info.value.field == "name" and "missing" in info.value.why
 
 
+def test_cache_prices_price_cached_and_written_prompt_tokens_and_old_cards_cost_as_before():
+    cached = ModelCard.from_json({"name": "x", "description": "d", "price_in_per_mtok": 2.0, "price_out_per_mtok": 8.0,
+                                  "price_cached_in_per_mtok": 0.2, "price_cache_write_per_mtok": 2.5})
+    assert ModelCard.from_json(cached.to_json()) == cached
+    # 1000 prompt tokens: 600 read from the cache, 300 written to it, 100 fresh; 100 completion tokens
+    assert cached.call_cost(1000, 100, 600, 300) == pytest.approx((2.0 * 100 + 0.2 * 600 + 2.5 * 300 + 8.0 * 100) / 1e6)
+    assert cached.call_cost(1000, 100) == pytest.approx((2.0 * 1000 + 8.0 * 100) / 1e6)   # nothing cached
+    plain = dataclasses.replace(cached, price_cached_in_per_mtok=None, price_cache_write_per_mtok=None)
+    assert plain.call_cost(1000, 100, 600, 300) == pytest.approx((2.0 * 1000 + 8.0 * 100) / 1e6)   # as before caching
+    assert ModelCard("x", "d").call_cost(10, 1) is None
+    assert not set(plain.to_json()) & {"price_cached_in_per_mtok", "price_cache_write_per_mtok"}   # digests kept
+    with pytest.raises(ValueError, match="parts of the 100 prompt tokens"):
+        cached.call_cost(100, 1, 80, 30)
+    with pytest.raises(DataError) as info:
+        ModelCard.from_json({**cached.to_json(), "price_cached_in_per_mtok": -0.1})
+    assert info.value.field == "price_cached_in_per_mtok"
+    # the network never reads them: a checkpoint's pool without them is the same pool to it
+    assert ModelPool((plain,)).differences(ModelPool((cached,))) == []
+
+
+def test_a_turns_cached_and_cache_written_tokens_round_trip_and_are_parts_of_its_prompt(tmp_path):
+    pool = ModelPool((ModelCard("m", "d"),))
+    turn = {"model": "m", "response": "r", "feedback": "", "prompt_tokens": 100, "completion_tokens": 5,
+            "cost": 0.001, "cached_tokens": 60, "cache_write_tokens": 40, "done": True}
+    record = {"episode_id": "e", "task": {"id": "t", "prompt": "p"}, "turns": [turn], "outcome": 1}
+    episode = Episode.from_json(record, pool)
+    assert (episode.turns[0].cached_tokens, episode.turns[0].cache_write_tokens) == (60, 40)
+    assert episode.to_json() == record
+    bare = Episode.from_json({**record, "turns": [{k: v for k, v in turn.items() if "cache" not in k}]}, pool)
+    assert bare.turns[0].cached_tokens is None and "cached_tokens" not in bare.turns[0].to_json()
+    for edit, field in (({"cached_tokens": 61}, "turns[0].cache_write_tokens"),
+                        ({"cached_tokens": 101, "cache_write_tokens": None}, "turns[0].cached_tokens"),
+                        ({"cache_write_tokens": -1}, "turns[0].cache_write_tokens")):
+        with pytest.raises(DataError) as info:
+            Episode.from_json({**record, "turns": [{**turn, **edit}]}, pool, path="e.jsonl", line=3)
+        assert (info.value.path, info.value.line, info.value.field) == ("e.jsonl", 3, field)
+
+
 def test_model_pool_basics(pool):
     assert pool.names == ("m-small", "m-medium", "m-large")
     assert len(pool) == 3 and "m-large" in pool and "gpt-9" not in pool

@@ -4,6 +4,7 @@ not, tool calls included) through unchanged, fall back when a backend fails or h
 in a file that validates and trains."""
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import pytest
 from configs import default, serve
 from rivet_jax import train
 from rivet_jax.data.converters.openai_chat import routing_state
-from rivet_jax.data.schema import read_episodes, write_model_cards
+from rivet_jax.data.schema import ModelPool, read_episodes, write_model_cards
 from rivet_jax.data.splits import hashed_split
 from rivet_jax.router import Router
 from rivet_jax.serve.app import make_app
@@ -126,6 +127,42 @@ def test_a_multi_turn_conversation_is_routed_as_the_router_routes_it_and_recorde
     assert episode.turns[1].cost == pytest.approx(
         (card.price_in_per_mtok * 40 + card.price_out_per_mtok * COMPLETION_TOKENS) / 1e6)
     assert all(t.propensity == 1.0 and set(t.available) == set(SERVED) and t.latency_s > 0 for t in episode.turns)
+
+
+def test_cached_prompt_tokens_are_billed_at_the_cards_cached_price_and_a_switch_pays_full_price(
+        workdir, upstreams, tmp_path):
+    """The fake upstreams cache prompts as providers do (the same model's previous call in the conversation); the
+    cards price a cached token at a tenth of the input price (issue 44)."""
+    plain = Router.from_checkpoint(workdir)
+    pool = ModelPool(tuple(dataclasses.replace(c, price_cached_in_per_mtok=c.price_in_per_mtok / 10)
+                           for c in plain.pool.cards))
+    router = Router.from_checkpoint(workdir, pool=pool)   # cache prices are not the network's: the checkpoint loads
+    servers, _ = upstreams
+    backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in SERVED}
+    live = Proxy(router, backends, Recorder(tmp_path / "log", router.pool), serve_config())
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TASK + " cached"}]
+    with ServerThread(make_app(live)) as server:
+        for turn, model in enumerate(("apex-flash", "apex-flash", "llama-70b")):
+            headers = {"x-rivet-session": "cache-1", "x-rivet-candidates": model}
+            if turn == 1:   # streamed: the usage comes in the last chunk
+                stream = client(server.url).chat.completions.create(model="rivet", messages=messages, stream=True,
+                                                                    extra_headers=headers)
+                content = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+            else:
+                content = client(server.url).chat.completions.create(
+                    model="rivet", messages=messages, extra_headers=headers).choices[0].message.content
+            messages += [{"role": "assistant", "content": content}, {"role": "user", "content": f"next {turn}"}]
+        assert httpx.post(f"{server.url}/v1/episodes/cache-1/outcome", json={"outcome": 1}).status_code == 200
+    [episode] = read_episodes(live.recorder.episodes_path, router.pool).episodes
+    assert [t.model for t in episode.turns] == ["apex-flash", "apex-flash", "llama-70b"]
+    assert [t.prompt_tokens for t in episode.turns] == [20, 40, 60]   # 10 per message
+    assert [t.cached_tokens for t in episode.turns] == [0, 20, 0]     # the switch to llama-70b: nothing cached
+    flash, llama = (pool.cards[pool.index(name)] for name in ("apex-flash", "llama-70b"))
+    by_hand = [(flash.price_in_per_mtok * 20 + flash.price_out_per_mtok * COMPLETION_TOKENS) / 1e6,
+               (flash.price_in_per_mtok * 20 + flash.price_in_per_mtok / 10 * 20
+                + flash.price_out_per_mtok * COMPLETION_TOKENS) / 1e6,
+               (llama.price_in_per_mtok * 60 + llama.price_out_per_mtok * COMPLETION_TOKENS) / 1e6]
+    assert [t.cost for t in episode.turns] == pytest.approx(by_hand, rel=1e-12)
 
 
 @pytest.mark.parametrize("proxy", ["inline", "thread"], indirect=True)

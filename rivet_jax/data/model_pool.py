@@ -4,12 +4,15 @@ Model cards (`read_model_cards` / `write_model_cards`) are one JSON document::
 
     {"note": "...", "models": [{"name": "m-small", "provider": "Acme", "family": "...",
       "open_weights": true, "context_length": 8192, "price_in_per_mtok": 0.5,
-      "price_out_per_mtok": 1.5, "capabilities": {"tool_use": true, "code": true,
-      "math": null}, "parameters_b": 13, "description": "..."}, ...]}
+      "price_out_per_mtok": 1.5, "price_cached_in_per_mtok": 0.05, "capabilities": {"tool_use": true,
+      "code": true, "math": null}, "parameters_b": 13, "description": "..."}, ...]}
 
 "family" (the model family, e.g. "Llama-2"), "open_weights" and "parameters_b" (billions of parameters) are
-structured fields the card prior reads (`rivet_jax.card_prior`), never the router's network; a top-level "note" is
-accepted and ignored; `null` (or a missing key) means unknown. Any other key, and a key given twice, is a
+structured fields the card prior reads (`rivet_jax.card_prior`), never the router's network.
+"price_cached_in_per_mtok" (USD per million prompt tokens read from the provider's prompt cache, OpenAI's "cached
+input", Anthropic's "cache hits") and "price_cache_write_per_mtok" (per million prompt tokens written to the cache,
+where the provider charges a premium for it) price a call's cached tokens (`ModelCard.call_cost`); without them a
+cached token costs the input price, as before caching was known. A top-level "note" is accepted and ignored; `null` (or a missing key) means unknown. Any other key, and a key given twice, is a
 DataError: a typo'd "pirce_in_per_mtok" would otherwise be read as an unknown price, and of a repeated key only the
 last value would be. Importers usually take these names
 from `rivet_jax.data.schema`, which re-exports them.
@@ -33,11 +36,14 @@ from rivet_jax.data.validation import (
 __all__ = ["ModelCard", "ModelPool", "read_model_cards", "write_model_cards"]
 
 _CARD_KEYS = ("name", "description", "provider", "context_length", "price_in_per_mtok", "price_out_per_mtok",
-              "capabilities", "family", "open_weights", "parameters_b")
+              "price_cached_in_per_mtok", "price_cache_write_per_mtok", "capabilities", "family", "open_weights",
+              "parameters_b")
 _POOL_KEYS = ("models", "note")
 # What the card prior alone reads, never the network: a checkpoint saved before they were read (null there) or with
 # other values still scores every model exactly as it was trained to.
 PRIOR_ONLY_FIELDS = ("family", "open_weights", "parameters_b")
+# What only prices a call's cached prompt tokens, never the network's input: cards gaining them keep their checkpoints.
+CACHE_PRICE_FIELDS = ("price_cached_in_per_mtok", "price_cache_write_per_mtok")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,25 @@ class ModelCard:
     family: str | None = None        # the model family ("Llama-2"): the card prior's, not the network's input
     open_weights: bool | None = None
     parameters_b: float | None = None  # billions of parameters (total, for a mixture of experts)
+    price_cached_in_per_mtok: float | None = None   # USD per million prompt tokens read from the prompt cache
+    price_cache_write_per_mtok: float | None = None  # USD per million prompt tokens written to it
+
+    def call_cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+                  cache_write_tokens: int = 0) -> float | None:
+        """USD of one call: the prompt's uncached tokens at the input price, its cached (read) and cache-written
+        tokens at their prices (the input price where the card has none), the completion at the output price.
+        `cached_tokens` and `cache_write_tokens` are parts of `prompt_tokens`. None when the card lacks the input
+        or the output price."""
+        if self.price_in_per_mtok is None or self.price_out_per_mtok is None:
+            return None
+        if cached_tokens < 0 or cache_write_tokens < 0 or cached_tokens + cache_write_tokens > prompt_tokens:
+            raise ValueError(f"cached ({cached_tokens}) and cache-written ({cache_write_tokens}) tokens must be "
+                             f"parts of the {prompt_tokens} prompt tokens")
+        read = self.price_in_per_mtok if self.price_cached_in_per_mtok is None else self.price_cached_in_per_mtok
+        write = self.price_in_per_mtok if self.price_cache_write_per_mtok is None else self.price_cache_write_per_mtok
+        fresh = prompt_tokens - cached_tokens - cache_write_tokens
+        return (self.price_in_per_mtok * fresh + read * cached_tokens + write * cache_write_tokens
+                + self.price_out_per_mtok * completion_tokens) / 1e6
 
     def __post_init__(self):
         # Sorted pairs keep equality and hashing independent of the JSON key order.
@@ -68,7 +93,7 @@ class ModelCard:
         return dict(self.capabilities).get(flag)
 
     def to_json(self) -> dict:
-        structured = {key: getattr(self, key) for key in PRIOR_ONLY_FIELDS}
+        structured = {key: getattr(self, key) for key in (*PRIOR_ONLY_FIELDS, *CACHE_PRICE_FIELDS)}
         return {
             "name": self.name,
             "provider": self.provider,
@@ -121,6 +146,7 @@ class ModelCard:
             family=optional(field("family"), as_str, where, prefix + "family"),
             open_weights=optional(field("open_weights"), as_bool, where, prefix + "open_weights"),
             parameters_b=optional(field("parameters_b"), as_number, where, prefix + "parameters_b", minimum=0.0),
+            **{key: optional(field(key), as_number, where, prefix + key, minimum=0.0) for key in CACHE_PRICE_FIELDS},
         )
 
 
@@ -221,7 +247,7 @@ class ModelPool:
 def _card_differences(mine: ModelCard, theirs: ModelCard) -> list[str]:
     diffs = []
     for f in dataclasses.fields(ModelCard):
-        if f.name in ("name", "capabilities", *PRIOR_ONLY_FIELDS):
+        if f.name in ("name", "capabilities", *PRIOR_ONLY_FIELDS, *CACHE_PRICE_FIELDS):
             continue
         a, b = getattr(mine, f.name), getattr(theirs, f.name)
         if a == b:

@@ -20,7 +20,9 @@ Episodes (`read_episodes` / `write_episodes`) are JSONL, one episode per line:
 ```
 
 `outcome` is a number in [0, 1] (`outcomes.check_outcome`): 0 or 1 for task success, or a graded score.
-`family`, `propensity`, `available`, `latency_s` (seconds the call took), `done` are optional. Blank lines are
+`family`, `propensity`, `available`, `latency_s` (seconds the call took), `done` are optional, and so are
+`cached_tokens` and `cache_write_tokens`: the parts of `prompt_tokens` the provider read from its prompt cache and
+wrote to it (what `cost` was billed for; `ModelCard.call_cost`), where the logs say. Blank lines are
 skipped (not errors); a line ends at LF, CR LF or a lone CR. Unknown and repeated keys in an episode record are
 rejected, because in a schema a typo'd key would otherwise be read as "field absent" and of a
 repeated one only the last value would be; so is half a UTF-16 surrogate pair in any string
@@ -89,6 +91,8 @@ class Turn:
     latency_s: float | None = None  # wall time of the call in seconds, where it was measured (launch.serve)
     router: str | None = None  # the version of the router that chose the turn (launch.serve: its deployment's digest)
     lam: float | None = None  # the cost weight (Eq. 1's lambda) the router chose it for (launch.serve)
+    cached_tokens: int | None = None  # of prompt_tokens, read from the provider's prompt cache (None: not logged)
+    cache_write_tokens: int | None = None  # of prompt_tokens, written to the prompt cache (None: not logged)
 
     def __post_init__(self):
         # Lists would make the record unhashable and unequal to what the reader produces.
@@ -114,6 +118,10 @@ class Turn:
             obj["router"] = self.router
         if self.lam is not None:
             obj["lam"] = self.lam
+        if self.cached_tokens is not None:
+            obj["cached_tokens"] = self.cached_tokens
+        if self.cache_write_tokens is not None:
+            obj["cache_write_tokens"] = self.cache_write_tokens
         obj["done"] = self.done
         return obj
 
@@ -122,7 +130,7 @@ _EPISODE_KEYS = ("episode_id", "task", "turns", "outcome")
 _TASK_KEYS = ("id", "prompt", "family")
 _TURN_KEYS = (
     "model", "response", "feedback", "prompt_tokens", "completion_tokens", "cost",
-    "propensity", "available", "latency_s", "router", "lam", "done",
+    "propensity", "available", "latency_s", "router", "lam", "cached_tokens", "cache_write_tokens", "done",
 )
 
 
@@ -233,11 +241,18 @@ def _turn_from_json(obj: Any, pool: ModelPool, where: Where, field: str) -> Turn
     if propensity is not None and not 0.0 < propensity <= 1.0:
         raise where.error(prefix + "propensity", f"must be in (0, 1], got {propensity}")
     done = obj.get("done", MISSING)
+    prompt_tokens = as_int(required("prompt_tokens"), where, prefix + "prompt_tokens", minimum=0)
+    cache = {key: optional(obj.get(key, MISSING), as_int, where, prefix + key, minimum=0)
+             for key in ("cached_tokens", "cache_write_tokens")}
+    if sum(v or 0 for v in cache.values()) > prompt_tokens:
+        raise where.error(prefix + ("cache_write_tokens" if cache["cache_write_tokens"] else "cached_tokens"),
+                          f"cached ({cache['cached_tokens']}) and cache-written ({cache['cache_write_tokens']}) "
+                          f"tokens are parts of the prompt's {prompt_tokens} tokens, and exceed them")
     return Turn(
         model=model,
         response=as_str(required("response"), where, prefix + "response"),
         feedback=as_str(required("feedback"), where, prefix + "feedback"),
-        prompt_tokens=as_int(required("prompt_tokens"), where, prefix + "prompt_tokens", minimum=0),
+        prompt_tokens=prompt_tokens,
         completion_tokens=as_int(
             required("completion_tokens"), where, prefix + "completion_tokens", minimum=0
         ),
@@ -248,6 +263,7 @@ def _turn_from_json(obj: Any, pool: ModelPool, where: Where, field: str) -> Turn
         latency_s=optional(obj.get("latency_s", MISSING), as_number, where, prefix + "latency_s", minimum=0.0),
         router=optional(obj.get("router", MISSING), as_str, where, prefix + "router"),
         lam=optional(obj.get("lam", MISSING), as_number, where, prefix + "lam", minimum=0.0),
+        **cache,
     )
 
 

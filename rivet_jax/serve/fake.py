@@ -4,12 +4,15 @@ benchmark and a dry run of `launch.serve` without API keys (`python -m rivet_jax
 A fake upstream answers deterministically per model: `<model> answer <k>` on the k-th call of a conversation (k =
 the assistant messages it already has), or, when the last message asks for a tool, one call of `lookup`. It
 reports usage (prompt tokens 10 per message, completion 7) and can be told to fail (HTTP 500), hang, or take
-`latency_s` seconds to answer (the `mode` dict, read per request).
+`latency_s` seconds to answer (the `mode` dict, read per request). Like a provider's prompt cache, it reports as
+cached (`usage.prompt_tokens_details.cached_tokens`) the longest run of leading messages it was already sent in one
+earlier request, short of the last message: the same model's previous call in a conversation, never another's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import socket
 import threading
@@ -34,13 +37,32 @@ def answer(model: str, messages: list[dict]) -> dict:
     return {"role": "assistant", "content": f"{model} answer {k}"}
 
 
-def usage(messages: list[dict]) -> dict:
+def usage(messages: list[dict], cached_messages: int = 0) -> dict:
     return {"prompt_tokens": 10 * len(messages), "completion_tokens": COMPLETION_TOKENS,
-            "total_tokens": 10 * len(messages) + COMPLETION_TOKENS}
+            "total_tokens": 10 * len(messages) + COMPLETION_TOKENS,
+            "prompt_tokens_details": {"cached_tokens": 10 * cached_messages}}
+
+
+class PromptCache:
+    """The prefixes of the message lists an upstream was sent; `cached(messages)`: how many leading messages of a new
+    request one earlier request began with (at most all but the last), remembering the new one's prefixes."""
+
+    def __init__(self):
+        self.prefixes: set[int] = set()
+
+    def cached(self, messages: list[dict]) -> int:
+        running, prefixes = hashlib.sha256(), []
+        for m in messages:
+            running.update(json.dumps(m, sort_keys=True).encode() + b"\0")
+            prefixes.append(running.copy().hexdigest())
+        shared = max((k for k in range(1, len(messages)) if prefixes[k - 1] in self.prefixes), default=0)
+        self.prefixes.update(prefixes)
+        return shared
 
 
 def fake_upstream(model: str, mode: dict) -> Starlette:
     """`mode`: {"fail": bool, "hang": bool}, read per request; `mode["calls"]` counts the requests."""
+    cache = PromptCache()
 
     async def chat(request: Request):
         mode["calls"] = mode.get("calls", 0) + 1
@@ -55,16 +77,17 @@ def fake_upstream(model: str, mode: dict) -> Starlette:
             return JSONResponse({"error": {"message": f"this upstream serves {model!r}, not {body.get('model')!r}"}},
                                 status_code=400)
         message = answer(model, body["messages"])
+        billed = usage(body["messages"], cache.cached(body["messages"]))
         if not body.get("stream"):
             return JSONResponse({"id": "c1", "object": "chat.completion", "created": 1, "model": model,
                                  "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                                 "usage": usage(body["messages"])})
-        return StreamingResponse(_stream(model, message, body), media_type="text/event-stream")
+                                 "usage": billed})
+        return StreamingResponse(_stream(model, message, body, billed), media_type="text/event-stream")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-async def _stream(model: str, message: dict, body: dict):
+async def _stream(model: str, message: dict, body: dict, billed: dict):
     def event(delta: dict | None, usage_: dict | None = None) -> bytes:
         chunk = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model,
                  "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]}
@@ -84,7 +107,7 @@ async def _stream(model: str, message: dict, body: dict):
         for i, word in enumerate(words):
             yield event({"content": word + (" " if i + 1 < len(words) else "")})
     if (body.get("stream_options") or {}).get("include_usage"):
-        yield event(None, usage(body["messages"]))
+        yield event(None, billed)
     yield b"data: [DONE]\n\n"
 
 

@@ -18,7 +18,7 @@ from absl import logging
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from rivet_jax.data.converters.common import tokens_and_cost
+from rivet_jax.data.converters.common import CallUsage, tokens_and_cost
 from rivet_jax.data.schema import Turn
 from rivet_jax.data.validation import DataError, Where
 from rivet_jax.router import Router
@@ -226,19 +226,18 @@ class Proxy:
         pool = self.served.current[0].pool
         card = pool.cards[pool.index(name)]
         try:
-            prompt_tokens, completion_tokens, cost = tokens_and_cost(reply.usage, card, Where(f"<{name}>", None),
-                                                                     "usage")
+            call = tokens_and_cost(reply.usage, card, Where(f"<{name}>", None), "usage")
         except DataError as error:
             logging.warning("%s; tokens estimated at %d characters per token", error, _CHARS_PER_TOKEN)
             prompt_chars = len(json.dumps(conversation.body.get("messages"), ensure_ascii=False))
             prompt_tokens, completion_tokens = prompt_chars // _CHARS_PER_TOKEN, len(text) // _CHARS_PER_TOKEN
             cost = ((card.price_in_per_mtok or 0.0) * prompt_tokens +
                     (card.price_out_per_mtok or 0.0) * completion_tokens) / 1e6
+            call = CallUsage(prompt_tokens, completion_tokens, cost)
         served_as_drawn = name == choice.order[0]
-        return Turn(model=name, response=text, feedback="", prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens, cost=cost,
-                    propensity=choice.propensity if served_as_drawn else None, available=tuple(candidates),
-                    latency_s=round(latency_s, 6), router=version, lam=lam)
+        return Turn(model=name, response=text, feedback="", propensity=choice.propensity if served_as_drawn else None,
+                    available=tuple(candidates), latency_s=round(latency_s, 6), router=version, lam=lam,
+                    **call.turn_fields())
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error") -> Response:

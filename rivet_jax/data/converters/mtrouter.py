@@ -29,7 +29,7 @@ Mapping, as the OpenAI converter's: the first user message is the task prompt (t
 fixed instructions and is left out); each assistant message is a turn of its model, response its content, feedback
 the user messages up to the next assistant message (joined by newlines; MTRouter writes one); propensity as logged,
 dropped after a fallback (it is the drawn model's, not the one that answered); cost `usage.cost`, else the card's
-prices x the tokens. The episode id is the file's path under the input directory without `.traj.json`.
+prices x the tokens (the prompt cache's counts read as `common.tokens_and_cost` says). The episode id is the file's path under the input directory without `.traj.json`.
 
 Example (`roulette/boil_var0_run0/boil_var0_run0.traj.json`, abridged to the fields read):
 
@@ -165,14 +165,14 @@ def _turn(message: Mapping[str, Any], index: int, feedback: str, info: Mapping[s
     response = require_object(require_field(extra, "response", where, field + ".extra."), where,
                               field + ".extra.response")
     usage = require_field(response, "usage", where, field + ".extra.response.")
-    prompt_tokens, completion_tokens, cost = tokens_and_cost(usage, card, where, field + ".extra.response.usage")
+    call = tokens_and_cost(usage, card, where, field + ".extra.response.usage")
     propensity = None
     if "fallback_from" not in message:
         propensity = optional(message.get("propensity", MISSING), as_number, where, field + ".propensity")
     if propensity is not None and not 0.0 < propensity <= 1.0:
         raise where.error(field + ".propensity", f"must be in (0, 1], got {propensity}")
-    return Turn(model=card.name, response=message["content"], feedback=feedback, prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens, cost=cost, propensity=propensity)
+    return Turn(model=card.name, response=message["content"], feedback=feedback, propensity=propensity,
+                **call.turn_fields())
 
 
 def _model_name(message: Mapping[str, Any], info: Mapping[str, Any], where: Where, field: str) -> tuple[Any, str]:

@@ -18,8 +18,9 @@ Input, one JSON object per line (blank lines skipped):
 - Record keys: `id` (unique non-empty string), `messages`, `outcome`, optional `task_family`; what SDK exports add
   at record level (`metadata`, `tools`, `tool_choice`, `parallel_tool_calls`, `created`) is read past. Message
   keys by role: system (or `developer`, its newer name) and user `role`, `content`; assistant also `tool_calls`
-  (optional), `model` (a pool name), `usage` (`prompt_tokens`, `completion_tokens`, optional `cost` in USD; other
-  usage keys such as `total_tokens` are ignored) and an optional `propensity` (the logging router's probability
+  (optional), `model` (a pool name), `usage` (`prompt_tokens`, `completion_tokens`, optional `cost` in USD and
+  the prompt cache's counts, `prompt_tokens_details.cached_tokens` or Anthropic's; other usage keys such as
+  `total_tokens` are ignored: `common.tokens_and_cost`) and an optional `propensity` (the logging router's probability
   of this model, in (0, 1]: what makes the importance-weighted estimators usable), its `content` may be null;
   tool `role`, `content`, `tool_call_id`. Every message may carry `name`, and an assistant message what the SDK
   writes (`refusal`: its text is the response when there is no content; `annotations`, `audio`; `function_call`
@@ -35,7 +36,8 @@ Input, one JSON object per line (blank lines skipped):
   `[tool_call <id>] <name>(<arguments>)` (the arguments exactly as logged); its feedback the messages after it up to
   the next assistant message, one line each: `[user] <content>`, `[system] <content>`, `[tool <tool_call_id>]
   <content>` ("" if none). Tokens come from `usage`; the cost is `usage.cost`, else the card's prices:
-  (price_in_per_mtok x prompt_tokens + price_out_per_mtok x completion_tokens) / 1e6; neither is a DataError.
+  (price_in_per_mtok x prompt_tokens + price_out_per_mtok x completion_tokens) / 1e6, the prompt's cached tokens
+  at price_cached_in_per_mtok where the card has it (`ModelCard.call_cost`); neither is a DataError.
 - Outcome: a number in [0, 1] (0/1 success or a graded score), or with `outcome_scale=(low, high)` any number in
   [low, high], mapped linearly onto [0, 1].
 - Refused as well: no user message before the first assistant message, or two; a tool message before any assistant
@@ -160,12 +162,12 @@ def _turn(message: Mapping[str, Any], segment: _Segment, pool: ModelPool, where:
     field = f"messages[{segment.index}]"
     card = pool_model(require_field(message, "model", where, field + "."), pool, where, field + ".model")
     usage = require_field(message, "usage", where, field + ".")
-    prompt_tokens, completion_tokens, cost = tokens_and_cost(usage, card, where, field + ".usage")
+    call = tokens_and_cost(usage, card, where, field + ".usage")
     propensity = optional(message.get("propensity", MISSING), as_number, where, field + ".propensity")
     if propensity is not None and not 0.0 < propensity <= 1.0:
         raise where.error(field + ".propensity", f"a probability in (0, 1] is expected, got {propensity}")
     return Turn(model=card.name, response=segment.response, feedback="\n".join(segment.feedback),
-                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost, propensity=propensity)
+                propensity=propensity, **call.turn_fields())
 
 
 def content_text(content: Any, where: Where, field: str) -> str | None:
