@@ -8,6 +8,10 @@ Collect, train RIVET offline on it (configs/default.py settings) and evaluate ag
 
   python -m launch.evaluate --config=configs/routesim.py --workdir=/tmp/routesim
 
+Variants (after a colon, joined by commas): `tiny` (seconds-long schedules, two tasks per family and split: the
+tests'), `cache` (RouteSim with a prompt cache: a model's previous-turn prompt billed at its cached-input price,
+`sim.prompt_cache`; rivet_jax/envs/routesim_params.json gives the prices and their reasons).
+
 The simulator's parameters, each with its reason, are in rivet_jax/envs/routesim_config.py (the library owns them, so
 the demo corpus and notebooks build the same benchmark); they are not to be retuned to favour a method.
 """
@@ -19,8 +23,16 @@ from rivet_jax import settings
 from rivet_jax.envs import routesim_config
 
 
+VARIANTS = ("tiny", "cache")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    config = default.get_config(arg)
+    variants = [v for v in arg.split(",") if v]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown config variant {','.join(unknown)!r}; known: {', '.join(VARIANTS)} (comma-joined)")
+    tiny = "tiny" in variants
+    config = default.get_config("tiny" if tiny else "")
     config.stage = "offline"
     # RouteSim draws its own validation and test tasks (config.sim): the logged corpus is all training tasks.
     config.data.holdout.validation = config.data.holdout.test = 0.0
@@ -31,9 +43,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # seed 2): the TD fit overfits its noisy bootstrapped targets, and validation J of the final (online) router
     # averaged over 3 runs was 0.814 after 5 epochs, 0.813 after 10, 0.801 after 15 (single runs 0.787, 0.768,
     # 0.764); the paper's 20 (configs/default.py) gave TD routers of 0.764 against 0.795 after 5. Five is the cheapest.
-    if arg != "tiny":  # the tiny variant keeps default.py's seconds-long schedule
+    if not tiny:  # the tiny variant keeps default.py's seconds-long schedule
         config.td_epochs = 5
     config.sim = sim = routesim_config.sim_config()
+    if "cache" in variants:
+        sim.prompt_cache = routesim_config.prompt_cache()
 
     config.collect = ml_collections.ConfigDict()
     config.collect.split = "train"
@@ -78,7 +92,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # rollouts per task, regret averaged over the 7 lambdas): 0.098 after 5 epochs, 0.084 after 10, 0.102
     # after 20 (the per-lambda runs' 5 epochs: 0.107)
     # (tiny: one more than the other runs', so its progress line counts each run's own epochs)
-    config.reproduce.conditioned_td_epochs = 10 if arg != "tiny" else config.td_epochs + 1
+    config.reproduce.conditioned_td_epochs = 10 if not tiny else config.td_epochs + 1
     config.reproduce.ood_splits = ("ood:musique", "ood:drop", "ood:mmlu_pro")
     config.reproduce.frontier_lambdas = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
@@ -98,7 +112,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.baselines.knn_k = 10
     config.baselines.clusters = 8
 
-    if arg == "tiny":
+    if tiny:
         config.reproduce.seeds = (0, 1)
         config.reproduce.lambdas = (0.0, 0.05, 0.5)
         config.reproduce.ensemble = 2

@@ -11,6 +11,12 @@ environment cannot disagree. Everything is computed backwards over t with c on a
   N_t           expected remaining turns
   Z_t(.., m)    probability of never switching away from m (given m was called last)  -> switch rate
   W_t           second moment of the return (behaviour policies only) -> Var(Y | X) for Proposition 4.1
+  P_t, R_t      expected remaining prompt tokens, and those read from a prompt cache (with one) -> cached share
+
+With a prompt cache (`sim.prompt_cache`) the state also holds who served the previous turn and how much the prompt
+grew since (`CacheStates`): calling that model again reads the rest from its cache. The landing state after a turn
+depends on the turn alone (its model and branch), so the tables gain that axis and each turn's arithmetic does not:
+only the saving of the holder's column differs between cache states.
 
 A policy is the weight it puts on each model at each hidden state: argmax of V (the oracle), one model (fixed), or
 uniform (the random router), each restricted to the available models.
@@ -72,15 +78,42 @@ class PolicyStats:
     cost: float           # expected dollar cost
     turns: float          # expected number of turns
     switch: float         # probability that the episode calls more than one model
+    prompt_tokens: float | None = None  # expected prompt tokens, with a prompt cache ...
+    cached_tokens: float | None = None  # ... and those of them read from it
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStates:
+    """Whose prompt cache the next turn could read, and how much the prompt grew since: H states. State 0 is none
+    (the first turn, a previous model that reads no cache, or no prompt cache at all: then the only state); every
+    other state is (holder m, growth g): m served the previous turn, since when the prompt grew by g blocks, so m's
+    cache holds the prompt less g. Only growths a branch of m can make are states."""
+
+    holder: np.ndarray   # (H,) int, -1 for none
+    growth: np.ndarray   # (H,) int, token blocks
+    after: np.ndarray    # (K, B, M) int, the state after model m's turn at step k ended in branch b
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, caches: np.ndarray) -> "CacheStates":
+        """From a task's (K, B, M) prompt growth per branch (`Branches.tokens`) and which models read a cache."""
+        holder, growth, after = [-1], [0], np.zeros(tokens.shape, np.int64)
+        for m in np.flatnonzero(caches):
+            growths = np.unique(tokens[:, :, m])
+            after[:, :, m] = len(holder) + np.searchsorted(growths, tokens[:, :, m])
+            holder += [int(m)] * len(growths)
+            growth += growths.tolist()
+        return cls(np.array(holder), np.array(growth), after)
 
 
 @dataclasses.dataclass(frozen=True)
 class Solution:
     stats: PolicyStats
-    values: np.ndarray                # (T + 1, K, P, C) V_t(k, w, c) of the policy; V_T = 0
-    second_moment: np.ndarray | None  # (T + 1, K, P, C) E[G_t^2], when asked for
+    values: np.ndarray                # (T + 1, K, P, C, H) V_t(k, w, c, cache state) of the policy; V_T = 0
+    second_moment: np.ndarray | None  # (T + 1, K, P, C, H) E[G_t^2], when asked for
     branches: Branches
     block: int                        # tokens per grid unit of c
+    cache: CacheStates                # the cache states of `values`' last axis
+    models: tuple[int, ...]           # the pool's models the DP ranged over (a fixed model's alone), in its order
 
 
 def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
@@ -92,39 +125,53 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
     full = br = branches(sim, sim_task) if task_branches is None else task_branches
     num_models = br.prob.shape[2]
     mask = np.ones(num_models, bool) if available is None else np.asarray(available, bool)
-    price_in = sim.price_in
+    models = tuple(range(num_models))
     if not isinstance(policy, str):
         # A fixed model only ever calls itself: the DP over its column alone is the same arithmetic, M times less.
         if not mask[policy]:
             raise ValueError(f"fixed model {policy} is not available")
-        keep = [policy]
-        br = dataclasses.replace(br, prob=br.prob[:, :, keep], tokens=br.tokens[:, :, keep],
-                                 cost_out=br.cost_out[:, keep])
-        price_in, mask, policy = price_in[keep], np.ones(1, bool), 0
+        models = (policy,)
+        br = dataclasses.replace(br, prob=br.prob[:, :, models], tokens=br.tokens[:, :, models],
+                                 cost_out=br.cost_out[:, models])
+        mask, policy = np.ones(1, bool), 0
+    keep = list(models)
+    # $ per prompt token past the cache (the input price without one) and read from it; which models read one
+    price_write, price_read, caches = sim.price_write[keep], sim.price_read[keep], sim.caches[keep]
     num_steps, num_branches, num_models = br.prob.shape
     turns, proposals = sim.max_turns, sim.max_proposals
+    cache = CacheStates.of(br.tokens, caches)
+    holder = cache.holder[1:]                             # (H - 1,) the holders of the states that read a cache
+    num_h = len(cache.holder)
     c0 = sim.task_tokens(sim_task) // sim.block          # prompt lengths in token blocks from here on
     pad = int(br.tokens.max())
     size = c0 + (turns - 1) * pad + 1                     # every reachable prompt length is < size
     ext = size + pad                                      # tables are padded so c + tokens never leaves them
-    cost_in = price_in[:, None] * (np.arange(size) * sim.block)[None, :]   # (M, C) input dollars
-    num_q = 4 + second_moment                             # V, S, $, N (+ W); Z kept apart (it has a model axis)
+    prompt = (np.arange(size) * sim.block).astype(float)  # (C,) prompt tokens
+    cost_in = price_write[:, None] * prompt[None, :]      # (M, C) input dollars with nothing read from a cache
+    # (H - 1, C) prompt tokens read from the cache when a state's holder is called again, and the dollars it saves
+    read = np.maximum(np.arange(size)[None, :] - cache.growth[1:, None], 0) * sim.block
+    saving = (price_write - price_read)[holder, None] * read
+    # Quantities per state: V, S, $, N (+ W, the second moment) (+ P, R: prompt and cached tokens, with a cache)
+    extra = ("W",) * second_moment + ("P", "R") * sim.prompt_cache
+    names = ("V", "S", "$", "N", *extra)
+    at_q = {name: i for i, name in enumerate(names)}
+    num_q = len(names)
     # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w) at once: these do
     # not depend on t, so the backward loop only gathers, and it does each turn's arithmetic for all (k, w) together.
     k_index = np.arange(num_steps)[:, None, None]                                   # (K, 1, 1)
     wrong = np.arange(proposals)[None, :, None] + br.wrong[:, None, :]              # (K, W, B)
     cell = (k_index + br.advance[:, None, :]) * proposals + np.minimum(wrong, proposals - 1)   # (K, W, B) next (k, w)
     at = np.arange(size)[None, None, :] + br.tokens[..., None]                      # (K, B, M, C)
-    landing = (cell[..., None, None] * ext + at[:, None]) * num_q                   # (K, W, B, M, C)
-    landing = landing[..., None] + np.arange(num_q)                                 # (K, W, B, M, C, Q)
-    landing_z = (cell[..., None, None] * num_models + np.arange(num_models)[:, None]) * ext + at[:, None]
+    state = (cell[..., None, None] * ext + at[:, None]) * num_h + cache.after[:, None, :, :, None]   # (K, W, B, M, C)
+    landing = state[..., None] * num_q + np.arange(num_q)                           # (K, W, B, M, C, Q)
+    landing_z = state * num_models + np.arange(num_models)[:, None]                 # (K, W, B, M, C)
     done = (br.correct[:, None, :] > 0) | (wrong >= proposals)                      # (K, W, B)
     p = br.prob[:, None, :, :, None]                                                # (K, 1, B, M, 1)
     correct = br.correct[:, None, :, None, None]                                    # (K, 1, B, 1, 1)
-    nxt = np.zeros((num_steps, proposals, ext, num_q))          # V, S, $, N, W at t+1
-    nxt_z = np.ones((num_steps, proposals, num_models, ext))    # Z at t+1 (no switch ever after the last turn)
-    values = np.zeros((turns + 1, num_steps, proposals, size))
-    moments = np.zeros((turns + 1, num_steps, proposals, size)) if second_moment else None
+    nxt = np.zeros((num_steps, proposals, ext, num_h, num_q))    # the quantities at t+1
+    nxt_z = np.ones((num_steps, proposals, ext, num_h, num_models))  # Z at t+1 (no switch ever after the last turn)
+    values = np.zeros((turns + 1, num_steps, proposals, size, num_h))
+    moments = np.zeros((turns + 1, num_steps, proposals, size, num_h)) if second_moment else None
     grow_min = int(br.tokens.min())
     for t in reversed(range(turns)):
         # Only prompt lengths reachable at turn t: c0 + t * (least growth) .. c0 + t * (most growth).
@@ -136,27 +183,80 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
         ends = (done | (t + 1 >= turns))[..., None, None]                          # (K, W, B, 1, 1)
         future = np.where(ends[..., None], 0.0, np.take(nxt, landing[..., lo:hi, :]))   # (K, W, B, M, C_t, Q)
         future_z = np.where(ends, 1.0, np.take(nxt_z, landing_z[..., lo:hi]))            # (K, W, B, M, C_t)
-        q = [np.sum(p * (reward + gamma * future[..., 0]), axis=2),                 # (K, W, M, C_t) each
-             np.sum(p * (correct + future[..., 1]), axis=2),
-             np.sum(p * (cost + future[..., 2]), axis=2),
-             np.sum(p * (1.0 + future[..., 3]), axis=2)]
+        q = {"V": np.sum(p * (reward + gamma * future[..., 0]), axis=2),            # (K, W, M, C_t) each
+             "S": np.sum(p * (correct + future[..., 1]), axis=2),
+             "$": np.sum(p * (cost + future[..., 2]), axis=2),
+             "N": np.sum(p * (1.0 + future[..., 3]), axis=2)}
         if second_moment:
-            q.append(np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0] + gamma**2 * future[..., 4]),
-                            axis=2))
-        weights = _policy_weights(policy, q[0], mask)                               # (K, W, M, C_t)
-        cur[:, :, lo:hi] = np.einsum("kwmc,qkwmc->kwcq", weights, np.stack(q))
-        # Z(prev = m): switch-free from here only if the policy calls m again and then never switches.
-        cur_z[:, :, :, lo:hi] = weights * np.sum(p * future_z, axis=2)
-        values[t] = cur[:, :, :size, 0]
+            q["W"] = np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0] + gamma**2 * future[..., at_q["W"]]),
+                            axis=2)
+        if sim.prompt_cache:
+            q["P"] = np.sum(p * (prompt[lo:hi] + future[..., at_q["P"]]), axis=2)
+            q["R"] = np.sum(p * future[..., at_q["R"]], axis=2)
+        stacked = np.stack([q[name] for name in names])                            # (Q, K, W, M, C_t)
+        weights = _policy_weights(policy, q["V"], mask)                             # (K, W, M, C_t)
+        z_next = np.sum(p * future_z, axis=2)                                       # (K, W, M, C_t)
+        # Cache state 0, none to read. Z(prev = m): switch-free from here only if the policy calls m again and then
+        # never switches.
+        cur[:, :, lo:hi, 0] = np.einsum("kwmc,qkwmc->kwcq", weights, stacked)
+        cur_z[:, :, lo:hi, 0] = np.moveaxis(weights * z_next, -2, -1)
+        if len(holder):
+            cur[:, :, lo:hi, 1:], cur_z[:, :, lo:hi, 1:] = _reading_states(
+                policy, stacked, weights, z_next, mask, holder, saving[:, lo:hi], read[:, lo:hi], at_q, lam / c_ref)
+        values[t] = cur[:, :, :size, :, 0]
         if moments is not None:
-            moments[t] = cur[:, :, :size, 4]
+            moments[t] = cur[:, :, :size, :, at_q["W"]]
         nxt, nxt_z = cur, cur_z
-    first = nxt[0, 0, c0]
+    first = nxt[0, 0, c0, 0]
     # At the first turn there is no previous model: the episode never switches if, having called m, it keeps m.
-    switch = max(0.0, 1.0 - float(nxt_z[0, 0, :, c0].sum()))  # clipped: rounding can leave -1e-16
+    switch = max(0.0, 1.0 - float(nxt_z[0, 0, c0, 0].sum()))  # clipped: rounding can leave -1e-16
     stats = PolicyStats(value=float(first[0]), success=float(first[1]), cost=float(first[2]), turns=float(first[3]),
-                        switch=switch)
-    return Solution(stats=stats, values=values, second_moment=moments, branches=full, block=sim.block)
+                        switch=switch, **({"prompt_tokens": float(first[at_q["P"]]),
+                                           "cached_tokens": float(first[at_q["R"]])} if sim.prompt_cache else {}))
+    return Solution(stats=stats, values=values, second_moment=moments, branches=full, block=sim.block, cache=cache,
+                    models=models)
+
+
+def _reading_states(policy: str | int, stacked: np.ndarray, weights: np.ndarray, z_next: np.ndarray, mask: np.ndarray,
+                    holder: np.ndarray, save: np.ndarray, read: np.ndarray, at_q: dict[str, int], reward_of: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The quantities (K, W, C_t, H', Q) and Z (K, W, C_t, H', M) in the H' cache states with a holder.
+
+    Only the holder's column differs from state 0: calling it again reads `read` (H', C_t) cached tokens and costs
+    `save` dollars less (its return `reward_of` x save more). So per state: the holder's own quantities, adjusted;
+    the policy's other choices are state 0's. Z is needed only for the holder (the model the state says was last)."""
+    bonus = reward_of * save                                                        # (H', C_t)
+    own = stacked[:, :, :, holder]                                                  # (Q, K, W, H', C_t)
+    adjust = np.zeros((len(at_q), *save.shape))                                     # (Q, H', C_t)
+    adjust[at_q["V"]], adjust[at_q["$"]], adjust[at_q["R"]] = bonus, -save, read
+    if "W" in at_q:   # E[(G + b)^2] = E[G^2] + 2 b E[G] + b^2
+        adjust = adjust[:, None, None] + np.zeros_like(own)
+        adjust[at_q["W"]] = 2 * bonus * own[at_q["V"]] + bonus**2
+    else:
+        adjust = adjust[:, None, None]
+    own = own + adjust
+    z_own = np.take(z_next, holder, axis=2)                                         # (K, W, H', C_t)
+    if policy == "oracle":
+        # The state-0 argmax, and the best other model where the holder is it; the holder wins ties as the argmax
+        # over all models would (the lower index first).
+        value = np.where(mask[:, None], stacked[at_q["V"]], -np.inf)                # (K, W, M, C_t)
+        best = np.argmax(value, axis=2)                                              # (K, W, C_t)
+        second = np.argmax(np.where(np.arange(value.shape[2])[:, None] == best[:, :, None], -np.inf, value), axis=2)
+        other = np.where(best[:, :, None] == holder[:, None], second[:, :, None], best[:, :, None])   # (K, W, H', C_t)
+        other_value = np.take_along_axis(value, other, axis=2)
+        mine = own[at_q["V"]]
+        stay = mask[holder][:, None] & ((mine > other_value) | ((mine == other_value) & (holder[:, None] < other)))
+        rest = np.take_along_axis(stacked, np.broadcast_to(other, (len(stacked), *other.shape)), axis=3)
+        quantities = np.where(stay, own, rest)                                       # (Q, K, W, H', C_t)
+        z = np.where(stay, z_own, 0.0)
+    else:   # the random router and a fixed model do not read Q: state 0's weights, the holder's column adjusted
+        w_own = np.take(weights, holder, axis=2)                                     # (K, W, H', C_t)
+        base = np.einsum("kwmc,qkwmc->qkwc", weights, stacked)[:, :, :, None]
+        quantities = base + w_own * adjust
+        z = w_own * z_own
+    zs = np.ones((*z.shape[:2], z.shape[3], z.shape[2], weights.shape[2]))          # (K, W, C_t, H', M)
+    zs[..., np.arange(len(holder)), holder] = np.moveaxis(z, 2, 3)
+    return np.moveaxis(quantities, 0, -1).transpose(0, 1, 3, 2, 4), zs
 
 
 def _policy_weights(policy: str | int, q_value: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -196,6 +296,9 @@ def policy_report(sim: RouteSim, split: str, reward: Reward,
                         "return": float(np.mean([s.value for s in stats])),
                         "turns": float(np.mean([s.turns for s in stats])),
                         "switch_rate": float(np.mean([s.switch for s in stats]))}
+        if sim.prompt_cache:   # the share of the split's prompt tokens billed as cached
+            report[name]["cached_share"] = float(np.sum([s.cached_tokens for s in stats])
+                                                 / np.sum([s.prompt_tokens for s in stats]))
     return report
 
 
@@ -259,15 +362,18 @@ def _branch_returns(solution: Solution, sim: RouteSim, state, m: int, t: int, re
     lam, gamma, c_ref = reward
     br = solution.branches
     k, w, c = state.step, state.wrong_proposals, state.context_tokens
+    local = solution.models.index(m)   # m's index in the DP's own model axis
+    input_cost = sim.input_cost(state, m)
     rows = []
     for b in range(br.prob.shape[1]):
-        reward = -lam * (sim.price_in[m] * c + br.cost_out[b, m]) / c_ref + br.correct[k, b]
+        reward = -lam * (input_cost + br.cost_out[b, m]) / c_ref + br.correct[k, b]
         wrong = w + br.wrong[k, b]
         done = br.correct[k, b] > 0 or wrong >= sim.max_proposals or t + 1 >= sim.max_turns
         if done:
             v = second = 0.0
         else:
-            index = (t + 1, k + br.advance[k, b], wrong, c // solution.block + br.tokens[k, b, m])
+            index = (t + 1, k + br.advance[k, b], wrong, c // solution.block + br.tokens[k, b, m],
+                     solution.cache.after[k, b, local])
             v = solution.values[index]
             second = 0.0 if solution.second_moment is None else solution.second_moment[index]
         rows.append((br.prob[k, b, m], reward + gamma * v, reward**2 + 2 * gamma * reward * v + gamma**2 * second))

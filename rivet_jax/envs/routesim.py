@@ -15,10 +15,14 @@ with p_s = sigmoid(sharpness (competence[skill] - difficulty)). On the last step
 wrong solutions or ten turns end the episode unsolved. The environment's answer, progress, termination and grading
 are computed from the response text alone (`respond`), never from which model wrote it (identity-blind, A.2 (i)).
 Cost is input price x prompt tokens + output price x completion tokens (A.2 (ii)); the prompt grows with every
-completion and feedback, as a serialized history does.
+completion and feedback, as a serialized history does. With a prompt cache (`sim.prompt_cache`, the variant
+configs/routesim.py:cache), the part of the prompt that the same model was sent on the previous turn (that turn's
+whole prompt) is billed at the model's cached-input price and the rest at its cache-write price (the input price
+where it has none); a turn after a switch, and the first, pay the whole prompt so.
 
 Because the hidden state of an episode is small, (step k, wrong proposals p, turn t, context tokens c), the optimal
-routing for any lambda is computed exactly by dynamic programming over it (`oracle`), and so are the exact
+routing for any lambda is computed exactly by dynamic programming over it (`oracle`; with a prompt cache also over
+who served the previous turn and how much the prompt grew since), and so are the exact
 accuracy and cost of any policy that reads only that state (fixed models, the random router, the oracle).
 """
 
@@ -83,10 +87,14 @@ class SimModel:
     verbosity: float
 
 
-def _sim_model(spec: Any) -> SimModel:
+def _sim_model(spec: Any, cache: Any = None) -> SimModel:
+    """`cache`: the model's cached prices (`sim.prompt_cache`'s entry), or None (no cache discount)."""
+    cached = {} if cache is None else {
+        "price_cached_in_per_mtok": float(cache["price_cached_in"]),
+        **({"price_cache_write_per_mtok": float(cache["price_cache_write"])} if "price_cache_write" in cache else {})}
     card = ModelCard(name=spec["name"], description=spec["description"], context_length=int(spec["context"]),
                      price_in_per_mtok=float(spec["price_in"]), price_out_per_mtok=float(spec["price_out"]),
-                     capabilities=tuple((flag, spec[flag]) for flag in ("code", "math", "tool_use")))
+                     capabilities=tuple((flag, spec[flag]) for flag in ("code", "math", "tool_use")), **cached)
     competence = _parse_pairs(spec["competence"])
     failures = _parse_pairs(spec["failures"])
     if set(competence) != set(SKILLS) or set(failures) != set(FAILURES):
@@ -264,7 +272,12 @@ class RouteSim:
 
     def __init__(self, sim_config: Any):
         self.config = sim_config
-        self.models = tuple(_sim_model(spec) for spec in sim_config.models.values())
+        cache = sim_config.get("prompt_cache")   # None: no prompt cache (the paper's RouteSim)
+        unknown = set(cache or ()) - set(sim_config.models)
+        if unknown:
+            raise ValueError(f"sim.prompt_cache names models {sorted(unknown)} that sim.models lacks")
+        self.prompt_cache = cache is not None
+        self.models = tuple(_sim_model(spec, (cache or {}).get(key)) for key, spec in sim_config.models.items())
         self.pool = ModelPool(tuple(m.card for m in self.models))
         self.max_turns = int(sim_config.max_turns)
         self.max_proposals = int(sim_config.max_proposals)
@@ -278,6 +291,15 @@ class RouteSim:
                                     for m in self.models], np.int64)
         self.price_in = np.array([m.card.price_in_per_mtok for m in self.models]) / 1e6   # $ per token
         self.price_out = np.array([m.card.price_out_per_mtok for m in self.models]) / 1e6
+        # $ per prompt token read from the cache, and per token sent past it (written to it): the input price where
+        # the card has none
+        self.price_read = np.array([_or(m.card.price_cached_in_per_mtok, m.card.price_in_per_mtok)
+                                    for m in self.models]) / 1e6
+        self.price_write = np.array([_or(m.card.price_cache_write_per_mtok, m.card.price_in_per_mtok)
+                                     for m in self.models]) / 1e6
+        # (M,) whether a model's calls read a prompt cache (a cached price on its card, and a prompt cache at all)
+        self.caches = np.array([self.prompt_cache and m.card.price_cached_in_per_mtok is not None
+                                for m in self.models])
         self._tasks = self._make_tasks()
         self._by_id = {t.task.id: t for tasks in self._tasks.values() for t in tasks}
 
@@ -354,20 +376,47 @@ class RouteSim:
         sim_task = state.sim_task
         reply = respond(response, sim_task.answers, state.step, self.max_proposals - state.wrong_proposals)
         m = self.pool.index(model)
-        cost = self.price_in[m] * state.context_tokens + self.price_out[m] * completion_tokens
+        cost = self.input_cost(state, m) + self.price_out[m] * completion_tokens
         wrong = state.wrong_proposals + (reply.proposal and not reply.correct)
         turns = len(state.history) + 1
         done = reply.correct or wrong >= self.max_proposals or turns >= self.max_turns
         turn = Turn(model=model, response=response, feedback=reply.feedback, prompt_tokens=state.context_tokens,
                     completion_tokens=completion_tokens, cost=float(cost), done=done, propensity=propensity,
-                    available=None if available is None else tuple(available))
+                    available=None if available is None else tuple(available), **self.cache_usage(state, m))
         return dataclasses.replace(
             state, history=state.history + (turn,), step=state.step + (reply.progress and not reply.proposal),
             wrong_proposals=wrong, done=done, success=reply.correct,
             context_tokens=state.context_tokens + completion_tokens + self.feedback_tokens(reply.feedback))
 
+    def cached_tokens(self, state: SimState, m: int) -> int:
+        """Prompt tokens of model m's turn in `state` that its cache holds: the previous turn's whole prompt when m
+        served it and has a cached price, else none."""
+        if not self.caches[m] or not state.history or state.history[-1].model != self.models[m].card.name:
+            return 0
+        return state.history[-1].prompt_tokens
+
+    def input_cost(self, state: SimState, m: int) -> float:
+        """Dollars model m's turn in `state` pays for its prompt."""
+        if not self.prompt_cache:
+            return self.price_in[m] * state.context_tokens
+        cached = self.cached_tokens(state, m)
+        return self.price_read[m] * cached + self.price_write[m] * (state.context_tokens - cached)
+
+    def cache_usage(self, state: SimState, m: int) -> dict[str, int]:
+        """The turn's `cached_tokens` and, where model m pays a premium to write the cache, `cache_write_tokens` (the
+        rest of its prompt); nothing without a prompt cache, so those turns are as they always were."""
+        if not self.prompt_cache:
+            return {}
+        cached = self.cached_tokens(state, m)
+        written = state.context_tokens - cached if self.models[m].card.price_cache_write_per_mtok is not None else None
+        return {"cached_tokens": cached, "cache_write_tokens": written}
+
     def feedback_tokens(self, feedback: str) -> int:
         return count_tokens(feedback, self.block)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 @functools.lru_cache(maxsize=4)

@@ -38,6 +38,12 @@ def families() -> ml_collections.ConfigDict:
     return _without_reasons(_params()["families"])
 
 
+def prompt_cache() -> ml_collections.ConfigDict:
+    """Cached-input prices (USD per million prompt tokens; `price_cache_write` where writes cost a premium) per model
+    id, for `config.sim.prompt_cache` (configs/routesim.py:cache). A model without an entry has no cache discount."""
+    return _without_reasons(_params()["prompt_cache"]["models"])
+
+
 def sim_config() -> ml_collections.ConfigDict:
     """The RouteSim benchmark (`config.sim`): manifests train 200 / validation 35 / test 141 and three OOD sets."""
     sim = ml_collections.ConfigDict()

@@ -98,7 +98,8 @@ class LiveEpisodes:
 def upstream_app(live: LiveEpisodes) -> Starlette:
     """One OpenAI-compatible upstream answering for every RouteSim model (`body.model`) in the episode the request's
     `user` field names: the response text and completion tokens `RouteSim.generate` draws, prompt tokens the
-    episode's context, and the simulator's cost as `usage.cost`."""
+    episode's context (with a prompt cache, the part it read in `prompt_tokens_details.cached_tokens`), and the
+    simulator's cost as `usage.cost`."""
     sim = live.sim
 
     async def chat(request: Request):
@@ -111,9 +112,14 @@ def upstream_app(live: LiveEpisodes) -> Starlette:
                                     status_code=400)
             text, completion = sim.generate(state, model, rng)
         m = sim.pool.index(model)
-        cost = float(sim.price_in[m] * state.context_tokens + sim.price_out[m] * completion)
+        cost = float(sim.input_cost(state, m) + sim.price_out[m] * completion)
         usage = {"prompt_tokens": state.context_tokens, "completion_tokens": completion,
                  "total_tokens": state.context_tokens + completion, "cost": cost}
+        cache = sim.cache_usage(state, m)   # with a prompt cache, the tokens it read as a provider reports them
+        if cache:
+            usage["prompt_tokens_details"] = {"cached_tokens": cache["cached_tokens"]}
+            if cache["cache_write_tokens"] is not None:
+                usage["cache_creation_input_tokens"] = cache["cache_write_tokens"]
         return JSONResponse({"id": f"{session}-{len(state.history)}", "object": "chat.completion", "created": 0,
                              "model": model, "usage": usage, "choices": [
                                  {"index": 0, "message": {"role": "assistant", "content": text},
