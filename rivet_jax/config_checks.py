@@ -54,6 +54,10 @@ def config_problems(config) -> list[str]:
     if config.get("stage") in ONLINE_STAGES and reward is not None and reward.get("lam_range"):
         problems.append(f"stage: {config.stage!r} adapts online at one lambda, and reward.lam_range trains every "
                         f"lambda (the offline stages only, for now): use stage 'offline', or reward.lam_range=()")
+    model = config.get("model")
+    if config.get("stage") in ONLINE_STAGES and model is not None and model.get("cache_aware"):
+        problems.append(f"stage: {config.stage!r} adapts online, and model.cache_aware trains offline only (for "
+                        f"now): use stage 'offline', or model.cache_aware=False")
     if config.get("stage") in ONLINE_STAGES and "sim" not in config:
         problems.append(f"stage: {config.stage!r} acts in an environment, and this config has none (`sim`): use "
                         f"configs/routesim.py, or stage 'offline'")

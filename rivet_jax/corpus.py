@@ -24,6 +24,7 @@ from rivet_jax import encoders, sharding
 from rivet_jax.config_checks import ConfigError
 from rivet_jax.data.cards import card_features
 from rivet_jax.data.files import episode_paths
+from rivet_jax.data.prompt_cache import cache_aware
 from rivet_jax.data.replay import Batch, Replay, Reward, build_replay, reference_cost
 from rivet_jax.data.schema import Episode, ModelPool, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, manifest_for
@@ -81,7 +82,8 @@ def gather_batch(data: TrainData, idx) -> Batch:
                  e_o=data.embeddings[rows["response"]], action=rows["action"], reward=rows["reward"],
                  done=rows["done"], mc_return=rows["mc_return"], cost=rows["cost"], cost_return=rows["cost_return"],
                  lam=rows["lam"], available=rows["available"],
-                 next_available=rows["next_available"], stochastic=rows["stochastic"])
+                 next_available=rows["next_available"], stochastic=rows["stochastic"],
+                 saving=rows.get("saving"), next_saving=rows.get("next_saving"))
 
 
 # ------------------------------------------------------------------------------------------------- loading
@@ -136,7 +138,8 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None,
         c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(episodes)
     encoder = make_encoder(config.encoder)
     replay = build_replay(episodes, pool, count_tokens=encoder.count_tokens,
-                          max_tokens=config.max_state_tokens, reward=Reward.of(config, c_ref))
+                          max_tokens=config.max_state_tokens, reward=Reward.of(config, c_ref),
+                          cache_aware=cache_aware(config))
     started = time.perf_counter()
     cache_dir = encoders.cache_dir(config, workdir)
     host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see engine.make_host_fed_group_epoch

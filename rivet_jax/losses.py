@@ -5,6 +5,12 @@
     Eq. 10      cql                 logsumexp over available candidates minus the logged action's value
     Eq. 11      rivet_loss          a batch's loss: fit(G_t) in the MC stage, fit(Y_t) + alpha CQL in TD
 
+A cache-aware run's batches carry each candidate's prompt-cache saving (`Batch.saving`, `next_saving`; in units of
+c_ref), which the router knows before the call and adds to Q_route as lambda x saving (`data/prompt_cache.py`). The
+network then learns Q_route less that known part: its targets are G_t and Y_t less the logged call's saving, Y_t
+bootstraps from (and picks m*_{t+1} by) Q_route plus the next state's savings, and CQL compares the candidates'
+Q_route with their savings, as the router will.
+
 CQL as written penalises every candidate but the logged one at every logged state. Where the logs come from fixed-
 model policies (RouteSim's corpus from turn 2 on, MINT everywhere) the logged model is the one that wrote the
 history, so the penalty teaches "call the model that answered before" (measured: experiments/diagnostics.py).
@@ -87,23 +93,28 @@ def rivet_loss(params, target_params, batch: Batch, cards, w: LossWeights, *, ne
     e_o = batch.e_o * w.response
     q_all, q_resp = net.apply({"params": params}, batch.h_t, cards, batch.action, e_o, batch.lam,
                               method=RivetNet.q_both)                                              # (B, M), (B,)
+    # what the router adds to the network's values (a cache-aware run's prompt-cache savings), 0 otherwise
+    known_t, known_tp1 = (0.0, 0.0) if batch.saving is None else (batch.lam[:, None] * batch.saving,
+                                                                  batch.lam[:, None] * batch.next_saving)  # (B, M)
+    known_taken = 0.0 if batch.saving is None else jnp.take_along_axis(known_t, batch.action[:, None], axis=1)[:, 0]
     if stage == "mc":
-        target = batch.mc_return
+        target = batch.mc_return - known_taken
     else:
         # a lambda-conditioned network bootstraps from its own policy at the transition's lambda (m*_{t+1}(lambda))
         q_tp1_online = net.apply({"params": params}, batch.h_tp1, cards, batch.lam, method=RivetNet.q_route)
         q_tp1_target = net.apply({"params": target_params}, batch.h_tp1, cards, batch.lam,
                                  method=RivetNet.q_route)                                          # (B, M) each
         # stop_gradient: the online net only *selects* m*_{t+1}; the target is a constant of this update.
-        target = batched_double_dqn_target(batch.reward, batch.done, gamma,
-                                           jax.lax.stop_gradient(q_tp1_online), q_tp1_target, batch.next_available)
+        target = batched_double_dqn_target(batch.reward - known_taken, batch.done, gamma,
+                                           jax.lax.stop_gradient(q_tp1_online + known_tp1), q_tp1_target + known_tp1,
+                                           batch.next_available)
     q_taken = jnp.take_along_axis(q_all, batch.action[:, None], axis=1)[:, 0]  # (B,)
     fit_loss = jnp.mean(batched_fit(q_taken, q_resp, target, w.beta, huber_delta))
     # Each transition's CQL weight: 1, or (cql_on = "stochastic") whether its logged choice was a draw; the mean is
     # over the weighted transitions, so alpha keeps its scale whatever share of the logs is stochastic.
     where = 1.0 - w.cql_stochastic_only * (1.0 - batch.stochastic)                                         # (B,)
     cql_loss = jnp.zeros(()) if stage == "mc" else (
-        jnp.sum(where * batched_cql(q_all, batch.action, batch.available)) / jnp.maximum(jnp.sum(where), 1.0))
+        jnp.sum(where * batched_cql(q_all + known_t, batch.action, batch.available)) / jnp.maximum(jnp.sum(where), 1.0))
     loss = fit_loss + w.alpha * cql_loss
     available_q = jnp.where(batch.available, q_all, jnp.nan)
     metrics = {"loss": loss, "fit": fit_loss, "cql": cql_loss, "q_taken": jnp.mean(q_taken),

@@ -31,6 +31,7 @@ import numpy as np
 
 from rivet_jax import checkpointing
 from rivet_jax.data.cards import card_features, placeholder_cards, with_new_cards
+from rivet_jax.data.prompt_cache import cache_aware, call_savings, saving_per_token
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import ModelCard, ModelPool, Turn
 from rivet_jax.data.serialize import BLOCK_SEPARATOR, state_blocks
@@ -195,6 +196,7 @@ class Router:
         self.encoder = encoder
         self.config = config
         self.lam = float(config.reward.lam)  # the trade-off it routes for (`at_lambda`: another, if conditioned)
+        self.cache_aware = cache_aware(config)  # Q_route + lambda x each candidate's prompt-cache saving
         self._net = make_network(config)
         rve = rve_params(params)
         self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
@@ -342,13 +344,18 @@ class Router:
         return availability_mask(self.pool, available)
 
     def scores_from_embeddings(self, h: np.ndarray, available: np.ndarray | None = None,
-                               groups: Sequence[str | None] | None = None) -> np.ndarray:
+                               groups: Sequence[str | None] | None = None,
+                               savings: np.ndarray | None = None) -> np.ndarray:
         """Q_route (B, M) for state embeddings (B, D); unavailable candidates get -inf. (B,) or (B, M) mask.
-        `groups`: each state's task family (None: unknown), which a router recentred per group reads."""
+        `groups`: each state's task family (None: unknown), which a router recentred per group reads. `savings`
+        (B, M): what each candidate's prompt cache saves at each state (`data.prompt_cache.call_savings`), which a
+        cache-aware router adds as lambda x saving (None: nothing cached)."""
         h = np.asarray(h, np.float32)
         q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(part)),
                                                       self._cards, self.pessimism, self.lam))[:len(part)]
                             for part in (h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS))])
+        if self.cache_aware and savings is not None:
+            q = q + np.float32(self.lam) * np.asarray(savings, np.float32)
         if self.recentring is not None:
             q = self.recentring(q.astype(np.float64), groups)
         if available is not None:
@@ -376,7 +383,12 @@ class Router:
                                  f"availability (a list of names, or None) per state")
             mask = np.stack([self.available_mask(a) for a in available]) if states else None
         blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
-        q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask, groups)
+        savings = None
+        if self.cache_aware and states:   # the previous turn's model and prompt say whose cache holds what
+            per_token = saving_per_token(self.pool)
+            savings = np.stack([call_savings(history[-1] if history else None, self.pool, self.c_ref, per_token)
+                                for _, history in states])
+        q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask, groups, savings)
         if self.commit:
             q = keep_previous(q, np.array([self._previous_model(history) for _, history in states], int))
         return q

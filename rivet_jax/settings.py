@@ -182,6 +182,11 @@ SETTINGS: dict[str, Setting] = {
     "model.card_inputs": Setting("the card inputs the projector reads (the others enter as zeros)", valid_card_inputs,
                                  "distinct groups among " + ", ".join(CARD_INPUTS), RUN,
                                  default=('description', 'context', 'prices', 'flags')),
+    # True: each candidate's prompt-cache saving, known before the call (the previous turn's model and prompt, the
+    # cards' cached prices), is added to Q_route as lambda x saving, and the network learns the rest
+    # (rivet_jax/data/prompt_cache.py); False: cache-blind, as before
+    "model.cache_aware": Setting("add what each candidate's prompt cache saves, known before the call, to Q_route",
+                                 resume=RUN, default=False),
     # loss (Eqs. 7-11)
     "loss.beta": Setting("RIVE's weight in Eq. 7; 0 = w/o RIVE", within(0.0, MAX_WEIGHT),
                          f"a number in [0, {MAX_WEIGHT:g}] (the RIVE weight of Eq. 7)", RUN, per_run=True,

@@ -3,12 +3,16 @@ previous turn at its cached price, and the exact DP, which carries who holds the
 
 import copy
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation
-from rivet_jax.data.replay import Reward
+from rivet_jax.data.prompt_cache import call_savings, episode_savings
+from rivet_jax.data.replay import Reward, build_replay
+from rivet_jax.data.schema import Episode, ModelCard, ModelPool, Task, Turn
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
 from rivet_jax.envs.routesim import RouteSim, make_routesim
@@ -121,3 +125,101 @@ def test_dp_with_a_prompt_cache_matches_rollouts_in_the_environment(sim, policy)
         expected = getattr(exact, field)
         se = max(sample.std() / np.sqrt(n), 1e-3 * max(1.0, abs(expected)))
         assert abs(sample.mean() - expected) < 4.5 * se, (policy, field, sample.mean(), expected)
+
+
+# ------------------------------------------------------------------------------- the cache-aware router's training
+
+def cached_pool(write: float | None = None) -> ModelPool:
+    return ModelPool((ModelCard("a", "Caches.", price_in_per_mtok=2.0, price_out_per_mtok=1.0,
+                                price_cached_in_per_mtok=0.2, price_cache_write_per_mtok=write),
+                      ModelCard("b", "No cache price.", price_in_per_mtok=1.0, price_out_per_mtok=1.0)))
+
+
+def episode_of(calls) -> Episode:
+    turns = tuple(Turn(model, f"r{i}", f"f{i}", prompt, 10, 0.001) for i, (model, prompt) in enumerate(calls))
+    return Episode("e", Task("t", "p"), turns, 1)
+
+
+def test_each_state_saves_on_the_previous_turns_model_its_prompt_at_the_cached_price_difference():
+    episode = episode_of([("a", 100), ("a", 150), ("b", 200)])
+    # s0: nothing cached; s1 after a's 100-token prompt: a saves (2 - 0.2) $/Mtok x 100 = 0.00018 $ = 0.18 c_ref;
+    # s2: a saves 1.8e-6 x 150 = 0.27 c_ref; s3 after b: b has no cached price, nothing saved
+    assert episode_savings(episode, cached_pool(), 0.001) == pytest.approx(
+        np.array([[0, 0], [0.18, 0], [0.27, 0], [0, 0]]), abs=1e-6)
+    # where a cache write costs 2.5 $/Mtok, a read saves that price less 0.2
+    assert episode_savings(episode, cached_pool(2.5), 0.001)[1] == pytest.approx([0.23, 0.0], abs=1e-6)
+    # a history as a proxy's mappings, without the prompt's tokens: nothing known, nothing saved
+    assert not call_savings({"model": "a"}, cached_pool(), 0.001).any()
+    replay = build_replay([episode], cached_pool(), count_tokens=len, max_tokens=1000,
+                          reward=Reward(0.05, 0.99, 0.001), cache_aware=True)
+    expected = episode_savings(episode, cached_pool(), 0.001)
+    assert np.array_equal(replay.saving, expected[:-1]) and np.array_equal(replay.next_saving, expected[1:])
+    blind = build_replay([episode], cached_pool(), count_tokens=len, max_tokens=1000,
+                         reward=Reward(0.05, 0.99, 0.001))
+    assert blind.saving is None and "saving" not in blind.arrays()
+
+
+def test_a_cache_aware_loss_fits_the_network_to_the_returns_less_the_savings_the_router_adds_back():
+    """MC: the target is G_t - lambda saving_t(m_t). TD: r_t - lambda saving_t(m_t) + gamma (Q_target(s', m*) +
+    lambda saving'(m*)), m* the argmax of Q_online(s') + lambda saving'; CQL over Q + lambda saving."""
+    from configs import default
+    from rivet_jax import losses
+    from rivet_jax.data.replay import Batch
+    from rivet_jax.networks import RivetNet, init_params, make_network
+
+    b, m, d, f, lam, gamma = 4, 3, 16, 2, 0.5, 0.9
+    config = default.get_config("tiny")
+    net = make_network(config)
+    rng = np.random.default_rng(0)
+    cards = (jnp.asarray(rng.normal(size=(m, d)), jnp.float32), jnp.asarray(rng.normal(size=(m, f)), jnp.float32),
+             jnp.ones((m, f), jnp.float32))
+    params, target_params = (init_params(net, jax.random.key(k), d, cards) for k in (0, 1))
+    vec = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)
+    saving, next_saving = jnp.abs(vec(b, m)), jnp.abs(vec(b, m)) * 3
+    action = jnp.array([0, 1, 2, 0])
+    batch = Batch(h_t=vec(b, d), h_tp1=vec(b, d), e_o=vec(b, d), action=action, reward=vec(b), done=jnp.zeros(b),
+                  mc_return=vec(b), cost=jnp.zeros(b), cost_return=jnp.zeros(b), lam=jnp.full(b, lam),
+                  available=jnp.ones((b, m), bool), next_available=jnp.ones((b, m), bool), stochastic=jnp.ones(b),
+                  saving=saving, next_saving=next_saving)
+    weights = losses.LossWeights.of(config)
+
+    def run(stage):
+        return losses.rivet_loss(params, target_params, batch, cards, weights, net=net, gamma=gamma,
+                                 huber_delta=1.0, stage=stage)[1]
+
+    taken = np.asarray(saving)[np.arange(b), np.asarray(action)]
+    assert float(run("mc")["target"]) == pytest.approx(float(np.mean(batch.mc_return - lam * taken)), rel=1e-5)
+    q_online = np.asarray(net.apply({"params": params}, batch.h_tp1, cards, method=RivetNet.q_route))
+    q_target = np.asarray(net.apply({"params": target_params}, batch.h_tp1, cards, method=RivetNet.q_route))
+    best = np.argmax(q_online + lam * np.asarray(next_saving), axis=1)
+    assert not np.array_equal(best, np.argmax(q_online, axis=1))   # the savings decide somewhere
+    rows = np.arange(b)
+    by_hand = (np.asarray(batch.reward) - lam * taken
+               + gamma * (q_target[rows, best] + lam * np.asarray(next_saving)[rows, best]))
+    td = run("td")
+    assert float(td["target"]) == pytest.approx(float(by_hand.mean()), rel=1e-5)
+    q = np.asarray(net.apply({"params": params}, batch.h_t, cards, method=RivetNet.q_route)) + lam * np.asarray(saving)
+    cql = np.mean([losses.cql(jnp.asarray(q[i]), action[i], batch.available[i]) for i in range(b)])
+    assert float(td["cql"]) == pytest.approx(float(cql), rel=1e-5)
+
+
+def test_a_cache_aware_router_adds_lambda_times_the_previous_models_saving_to_its_scores(demo_router_dir, sim):
+    """The same network read cache-blind and cache-aware: the scores differ by lambda x the saving, in the previous
+    turn's model's column alone (and not at all on a first turn)."""
+    from rivet_jax.router import Router
+
+    blind = Router.from_checkpoint(demo_router_dir, pool=sim.pool)   # the cache variant's cards: cached prices
+    config = blind.config.copy_and_resolve_references()
+    config.model.cache_aware = True
+    aware = Router(blind._params, blind.pool, blind.encoder, config, blind._card_embeddings, c_ref=blind.c_ref,
+                   stacked=True)
+    task = sim.sim_tasks("test")[3]
+    history = play(sim, task.task.id, ["apex-flash", "apex-flash"], seed=2)[-1].history
+    states = [(task.task.prompt, ()), (task.task.prompt, history[:1]), (task.task.prompt, history)]
+    difference = aware.scores(states) - blind.scores(states)
+    flash = sim.pool.index("apex-flash")
+    per_token = (sim.pool.cards[flash].price_in_per_mtok - sim.pool.cards[flash].price_cached_in_per_mtok) / 1e6
+    expected = np.zeros_like(difference)
+    expected[1, flash] = blind.lam * per_token * history[0].prompt_tokens / blind.c_ref
+    expected[2, flash] = blind.lam * per_token * history[1].prompt_tokens / blind.c_ref
+    assert difference == pytest.approx(expected, rel=1e-5, abs=1e-6) and expected[2, flash] > 0

@@ -12,9 +12,10 @@ structured fields the card prior reads (`rivet_jax.card_prior`), never the route
 "price_cached_in_per_mtok" (USD per million prompt tokens read from the provider's prompt cache, OpenAI's "cached
 input", Anthropic's "cache hits") and "price_cache_write_per_mtok" (per million prompt tokens written to the cache,
 where the provider charges a premium for it) price a call's cached tokens (`ModelCard.call_cost`); without them a
-cached token costs the input price, as before caching was known. A top-level "note" is accepted and ignored; `null` (or a missing key) means unknown. Any other key, and a key given twice, is a
-DataError: a typo'd "pirce_in_per_mtok" would otherwise be read as an unknown price, and of a repeated key only the
-last value would be. Importers usually take these names
+cached token costs the input price, as before caching was known. A top-level "note" is accepted and ignored;
+`null` (or a missing key) means unknown. Any other key, and a key given twice, is a DataError: a typo'd
+"pirce_in_per_mtok" would otherwise be read as an unknown price, and of a repeated key only the last value would
+be. Importers usually take these names
 from `rivet_jax.data.schema`, which re-exports them.
 """
 

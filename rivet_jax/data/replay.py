@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 
 from rivet_jax.config_checks import ConfigError
+from rivet_jax.data.prompt_cache import episode_savings, saving_per_token
 from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import TokenCounter, episode_state_texts
 
@@ -43,6 +44,10 @@ class Replay:
     episode_ids: tuple[str, ...]
     texts: tuple[str, ...]      # the text table: states, responses, card descriptions
     card_text: np.ndarray       # (M,) int32 text index of each card's description
+    # A cache-aware run's (`model.cache_aware`) per-candidate prompt-cache savings in units of c_ref
+    # (`data.prompt_cache.call_savings`); None otherwise
+    saving: np.ndarray | None = None       # (N, M) float32 at s_t
+    next_saving: np.ndarray | None = None  # (N, M) float32 at s_{t+1}
 
     def __len__(self) -> int:
         return int(self.state.shape[0])
@@ -50,8 +55,8 @@ class Replay:
     def arrays(self) -> dict[str, np.ndarray]:
         """The per-transition arrays, as a dict pytree (what training puts on device)."""
         names = ("state", "next_state", "response", "action", "reward", "done", "mc_return", "cost", "cost_return",
-                 "lam", "available", "next_available", "stochastic")
-        return {name: getattr(self, name) for name in names}
+                 "lam", "available", "next_available", "stochastic", "saving", "next_saving")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
 # A turn dearer than this many median turns is not a price difference between models: per-token API prices span
@@ -184,6 +189,8 @@ class Batch(NamedTuple):
     available: Any       # (B, M) bool at s_t
     next_available: Any  # (B, M) bool at s_{t+1}
     stochastic: Any      # (B,) float32 1 where the logged choice was stochastic (`loss.cql_on = "stochastic"`)
+    saving: Any = None       # (B, M) float32 prompt-cache savings at s_t in units of c_ref (a cache-aware run's)
+    next_saving: Any = None  # (B, M) float32 at s_{t+1}
 
 
 def transition_batch(rows: dict[str, np.ndarray], states: np.ndarray, responses: np.ndarray) -> Batch:
@@ -215,13 +222,17 @@ def build_replay(
     count_tokens: TokenCounter,
     max_tokens: int,
     reward: Reward,
+    cache_aware: bool = False,
 ) -> Replay:
-    """Flattens episodes into transitions. Episodes must already be validated against `pool`."""
+    """Flattens episodes into transitions. Episodes must already be validated against `pool`. `cache_aware`: with
+    each state's prompt-cache savings per candidate (`Replay.saving`, `next_saving`)."""
     if not episodes:
         raise ValueError("no episodes: the corpus is empty")
     table = _TextTable()
     card_text = np.array([table.add(card.description) for card in pool.cards], np.int32)
     columns: dict[str, list] = {k: [] for k in ("state", "next_state", "response", "episode", *_ROW_COLUMNS)}
+    savings: list[np.ndarray] = []
+    per_token = saving_per_token(pool)
     for e_idx, episode in enumerate(episodes):
         states = [table.add(text) for text in
                   episode_state_texts(episode.task.prompt, episode.turns, count_tokens, max_tokens)]
@@ -232,10 +243,15 @@ def build_replay(
         rows = episode_rows(episode, pool, reward)
         for k in _ROW_COLUMNS:
             columns[k].append(rows[k])
+        if cache_aware:
+            savings.append(episode_savings(episode, pool, reward.c_ref, per_token))
     arrays = {k: np.concatenate([np.asarray(c) for c in v]) for k, v in columns.items()}
     for k in ("state", "next_state", "response", "episode"):
         arrays[k] = arrays[k].astype(np.int32)
     for k in ("reward", "done", "mc_return", "cost", "cost_return", "lam", "stochastic"):
         arrays[k] = arrays[k].astype(np.float32)
+    if cache_aware:
+        arrays["saving"] = np.concatenate([e[:-1] for e in savings])
+        arrays["next_saving"] = np.concatenate([e[1:] for e in savings])
     return Replay(**arrays, episode_ids=tuple(e.episode_id for e in episodes), texts=table.texts(),
                   card_text=card_text)

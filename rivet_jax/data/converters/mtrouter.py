@@ -29,7 +29,8 @@ Mapping, as the OpenAI converter's: the first user message is the task prompt (t
 fixed instructions and is left out); each assistant message is a turn of its model, response its content, feedback
 the user messages up to the next assistant message (joined by newlines; MTRouter writes one); propensity as logged,
 dropped after a fallback (it is the drawn model's, not the one that answered); cost `usage.cost`, else the card's
-prices x the tokens (the prompt cache's counts read as `common.tokens_and_cost` says). The episode id is the file's path under the input directory without `.traj.json`.
+prices x the tokens (the prompt cache's counts read as `common.tokens_and_cost` says). The episode id is the
+file's path under the input directory without `.traj.json`.
 
 Example (`roulette/boil_var0_run0/boil_var0_run0.traj.json`, abridged to the fields read):
 
