@@ -165,6 +165,40 @@ def test_cached_prompt_tokens_are_billed_at_the_cards_cached_price_and_a_switch_
     assert [t.cost for t in episode.turns] == pytest.approx(by_hand, rel=1e-12)
 
 
+def test_a_cache_aware_router_is_told_which_model_served_the_previous_turn_and_its_prompt(workdir, upstreams,
+                                                                                          tmp_path):
+    """A client's history has no models: the proxy fills in the last turn's from what it recorded, so a cache-aware
+    router adds that model's prompt-cache saving (issue 44)."""
+    plain = Router.from_checkpoint(workdir)
+    pool = ModelPool(tuple(dataclasses.replace(c, price_cached_in_per_mtok=c.price_in_per_mtok / 10)
+                           for c in plain.pool.cards))
+    blind = Router.from_checkpoint(workdir, pool=pool)
+    config = blind.config.copy_and_resolve_references()
+    config.model.cache_aware = True
+    aware = Router(blind._params, pool, blind.encoder, config, blind._card_embeddings, c_ref=blind.c_ref, stacked=True)
+    servers, _ = upstreams
+    backends = {name: Backend(name, servers[name].url + "/v1", name, "") for name in SERVED}
+    live = Proxy(aware, backends, Recorder(tmp_path / "log", pool), serve_config())
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TASK + " aware"}]
+    headers = {"x-rivet-session": "aware-1"}
+    with ServerThread(make_app(live)) as server:
+        first = client(server.url).chat.completions.create(
+            model="rivet", messages=messages, extra_headers={**headers, "x-rivet-candidates": "apex-flash"})
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "next"}]
+        raw = client(server.url).chat.completions.with_raw_response.create(model="rivet", messages=messages,
+                                                                           extra_headers=headers)
+    scores = json.loads(raw.headers["x-rivet-scores"])
+    task, history = routing_state(converter_messages(messages))
+    told = [{**history[-1], "model": "apex-flash", "prompt_tokens": 20}]   # 10 tokens per message of the first call
+    expected = aware.route(task, told, available=SERVED).scores
+    unaware = blind.route(task, history, available=SERVED).scores
+    for name in SERVED:
+        assert scores[name] == pytest.approx(expected[name], abs=1e-5)
+    assert scores["apex-flash"] > unaware["apex-flash"] + 1e-4
+    assert scores["llama-70b"] == pytest.approx(unaware["llama-70b"], abs=1e-5)
+
+
 @pytest.mark.parametrize("proxy", ["inline", "thread"], indirect=True)
 def test_concurrent_requests_are_each_routed_as_the_router_routes_them(proxy, router):
     """Sixteen requests at once: in a thread they are scored in batches; every answer must still be its own."""

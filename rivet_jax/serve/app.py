@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import time
@@ -174,6 +175,20 @@ async def _chat_completions(request: Request) -> Response:
             release()
 
 
+def _with_last_call(proxy: Proxy, conversation: Conversation, session: str) -> Conversation:
+    """The conversation as a cache-aware router scores it: its last turn with the model this proxy served it with
+    and that call's prompt tokens (whose prompt cache holds what; `data.prompt_cache`). A client's history has
+    neither; the recorder does, for the turns it served."""
+    if not conversation.history or not proxy.served.current[0].cache_aware:
+        return conversation
+    last = proxy.recorder.last_call(session, len(conversation.history))
+    if last is None:
+        return conversation
+    model, prompt_tokens = last
+    history = conversation.history[:-1] + [{**conversation.history[-1], "model": model, "prompt_tokens": prompt_tokens}]
+    return dataclasses.replace(conversation, history=history)
+
+
 async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversation, session: str,
                           family: str | None, requested: list[str] | None, received: float,
                           observed: asyncio.Future, release: Callable[[], None], lam: float | None) -> Response:
@@ -183,7 +198,7 @@ async def _route_and_call(request: Request, proxy: Proxy, conversation: Conversa
                            f"{sorted(proxy.health.down())}", "service_unavailable")
     if family is None and conversation.history:   # a later turn without the header: the family its episode opened with
         family = proxy.recorder.family(session)
-    scores, version, lam = await proxy.scores(conversation, candidates, family, lam)
+    scores, version, lam = await proxy.scores(_with_last_call(proxy, conversation, session), candidates, family, lam)
     choice = proxy.budget.choose(scores, proxy.rng)
     failed: list[str] = []
     for name in choice.order[:proxy.config.max_attempts]:

@@ -134,6 +134,16 @@ class Recorder:
                 episode.turns[-1] = dataclasses.replace(episode.turns[-1], feedback=feedback)
             episode.updated = self.clock()
 
+    def last_call(self, session: str, turns: int) -> tuple[str, int] | None:
+        """(model, prompt tokens) of the last turn of `session`'s open episode, where the conversation asking has
+        `turns` completed turns and this proxy served the last of them (what a cache-aware router reads: whose
+        prompt cache holds what); else None."""
+        with self._lock:
+            episode = self.open.get(session)
+            if episode is None or not episode.turns or episode.length != turns:
+                return None
+            return episode.turns[-1].model, episode.turns[-1].prompt_tokens
+
     def family(self, session: str) -> str | None:
         """The task family the session's open episode was opened with (None: no open episode, or none given)."""
         with self._lock:
