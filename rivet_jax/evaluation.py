@@ -49,12 +49,18 @@ def rollout_each(env: Env, policies: Sequence[Policy], split: str, rollouts: int
 
 
 def episode_metrics(episodes: Sequence[Episode], reward: Reward, rollouts: int = 1) -> dict:
-    """Accuracy, total cost per pass over the manifest, mean return, mean turns and switch rate."""
-    return {"accuracy": float(np.mean([e.outcome for e in episodes])),
-            "cost": float(sum(t.cost for e in episodes for t in e.turns) / rollouts),
-            "return": float(np.mean([discounted_return(e, reward) for e in episodes])),
-            "turns": float(np.mean([len(e.turns) for e in episodes])),
-            "switch_rate": float(np.mean([len({t.model for t in e.turns}) > 1 for e in episodes]))}
+    """Accuracy, total cost per pass over the manifest, mean return, mean turns and switch rate; where the turns
+    record a prompt cache's reads, also the share of prompt tokens it billed as cached."""
+    metrics = {"accuracy": float(np.mean([e.outcome for e in episodes])),
+               "cost": float(sum(t.cost for e in episodes for t in e.turns) / rollouts),
+               "return": float(np.mean([discounted_return(e, reward) for e in episodes])),
+               "turns": float(np.mean([len(e.turns) for e in episodes])),
+               "switch_rate": float(np.mean([len({t.model for t in e.turns}) > 1 for e in episodes]))}
+    turns = [t for e in episodes for t in e.turns]
+    if any(t.cached_tokens is not None for t in turns):
+        metrics["cached_share"] = (sum(t.cached_tokens or 0 for t in turns)
+                                   / max(sum(t.prompt_tokens for t in turns), 1))
+    return metrics
 
 
 def compare_with_oracle(rows: dict[str, dict], oracle_row: dict, reference: str) -> dict[str, dict]:

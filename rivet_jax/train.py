@@ -23,6 +23,7 @@ from absl import logging
 from rivet_jax import checkpointing, engine, online
 from rivet_jax.config_checks import ConfigError, check_config
 from rivet_jax.corpus import PreparedData, prepare_data
+from rivet_jax.data.prompt_cache import cache_aware
 from rivet_jax.envs.base import Env
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.learner import TrainState, grouped, make_optimizer, shape_signature, unstack
@@ -42,16 +43,16 @@ def environment(config) -> Env:
 
 
 def prepare_all(configs: Sequence, workdirs: Sequence[Path]) -> list[PreparedData]:
-    """Each run's corpus, read once per distinct lambda (runs differ only in rewards and returns) with one c_ref and
-    one embedding table."""
-    by_lambda: dict[float, PreparedData] = {}
+    """Each run's corpus, read once per distinct lambda and cache awareness (runs differ only in rewards and
+    returns, and a cache-aware run's replay has its prompt-cache savings) with one c_ref and one embedding table."""
+    by_lambda: dict[tuple[float, bool], PreparedData] = {}
     prepared = []
     for config, workdir in zip(configs, workdirs):
-        lam = float(config.reward.lam)
-        if lam not in by_lambda:
+        key = (float(config.reward.lam), cache_aware(config))
+        if key not in by_lambda:
             first = next(iter(by_lambda.values()), None)
-            by_lambda[lam] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir), sharing=first)
-        prepared.append(by_lambda[lam])
+            by_lambda[key] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir), sharing=first)
+        prepared.append(by_lambda[key])
     c_refs = {p.c_ref for p in by_lambda.values()}
     if len(c_refs) > 1:
         raise ValueError(f"runs of one group must share c_ref; their workdirs fixed {sorted(c_refs)}")

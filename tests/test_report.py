@@ -53,6 +53,8 @@ def experiments() -> dict[str, list[dict]]:
         "table2": [metric_row(n, "test", i) for i, n in enumerate((MAIN, "w/o CQL", "w/o RIVE"))],
         "lambda_sweep": sweep, "lambda_conditioned": frontier.lambda_conditioned(sweep),
         "budget_frontier": frontier.budget_rows(points),
+        "prompt_cache": [{**metric_row(n, "test", i), "cost": 0.02, "cached_share": 0.1 * i}
+                         for i, n in enumerate(("oracle", FIXED[0], "random", "MTRouter", "cache_blind", "cache_aware"))],
         "online_curve": [{"router": MAIN, "split": "test", "trajectories": k, "seeds": seeds, "accuracy": 0.6,
                           "accuracy_sd": 0.1, "cost_usd": 0.02, "cost_usd_sd": 0.003}
                          for k, seeds in ((0, 2), (4, 2), (8, 1))],

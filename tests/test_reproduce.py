@@ -46,7 +46,7 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     experiments = json.loads((workdir / "results.json").read_text())["experiments"]
     assert set(experiments) == {"table1", "table2", "lambda_sweep", "online_curve", "unavailability",
                                 "interventions", "scatter", "post_error", "stage_preferences", "diagnostics",
-                                "selection", "lambda_conditioned", "budget_frontier"}
+                                "selection", "lambda_conditioned", "budget_frontier", "prompt_cache"}
 
     table1 = experiments["table1"]["rows"]
     for split in ("test", "ood:musique", "ood:drop", "ood:mmlu_pro"):
@@ -87,6 +87,16 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     assert set(summaries) == {frontier.CONDITIONED, frontier.PER_LAMBDA, "oracle frontier"}
     assert summaries[frontier.CONDITIONED]["points"] == 3 and summaries["oracle frontier"]["points"] == 3
     assert all(math.isfinite(r["apgr"]) for r in summaries.values())
+    cache = {r["router"]: r for r in experiments["prompt_cache"]["rows"]}   # RouteSim with a prompt cache
+    assert set(cache) == {"oracle", "random", "cache_aware", "cache_blind"} | BASELINES | FIXED
+    assert all({"regret", "cost", "switch_rate", "cached_share"} <= set(r) and 0 <= r["cached_share"] <= 1
+               for r in cache.values())
+    assert cache["oracle"]["regret"] == 0 and cache["fixed:apex-flash"]["switch_rate"] == pytest.approx(0, abs=1e-12)
+    # the open-weights models have no cached price (nothing billed as cached); the others read their cache
+    assert cache["fixed:llama-70b"]["cached_share"] == cache["fixed:quill-9b"]["cached_share"] == 0
+    assert cache["fixed:apex-pro"]["cached_share"] > 0.5 and cache["fixed:mini-4o"]["cached_share"] > 0.5
+    for name in ("cache_aware", "cache_blind"):
+        assert len(list((workdir / "prompt_cache" / "runs" / name).glob("seed_*/checkpoints/td"))) == 2
     assert [r["trajectories"] for r in experiments["online_curve"]["rows"]] == [0, 4, 8]  # 0: the offline router
     unavailable = experiments["unavailability"]["rows"]
     assert {r["pool"] for r in unavailable} == {"w/o apex-pro", "w/o quill-9b"}

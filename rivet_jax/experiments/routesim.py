@@ -37,7 +37,7 @@ from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.experiments import diagnostics, frontier, report, routesim_report, selection, traces
+from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Phases, Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
@@ -301,6 +301,9 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
         f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
+    log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
+        f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
+    cache_dirs, cache_episodes = prompt_cache.train_routers(config, workdir, at_chosen, rp.seeds)
     # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
     extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
     members = f"{selection.variant(chosen)}_members"
@@ -329,13 +332,17 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     c_ref = reference_cost(episodes)
     store = embedding_store(config, make_encoder(config.encoder), workdir)
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
+    cached, cache_c_ref = prompt_cache.cache_config(config), prompt_cache.corpus_c_ref(cache_episodes)
+    cache_sim = make_routesim(cached.sim)
+    cache_baselines = fit_baselines(cached, cache_episodes, cache_sim.pool, store, lam, cache_c_ref)
 
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
     rollout_sets = (len(splits) * (fitted + 2 * seeds)
                     + (1 + len(singles) + len(lower) + len(other_settings) + len(ABLATIONS)) * seeds
                     + 2 * len(sweep_dirs) * seeds
-                    + 2 * (fitted + seeds) + seeds)  # Tables 1, 2, Figure 3, Table 5, Table 3
+                    + 2 * (fitted + seeds) + seeds    # Tables 1, 2, Figure 3, Table 5, Table 3
+                    + len(cache_baselines) + 2 * seeds)  # the prompt cache
     ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
     experiments: dict[str, list[dict]] = {}
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
@@ -357,6 +364,11 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["interventions"] = interventions(ev, onlines, lam)
     experiments["scatter"] = scatter(ev, experiments["table1"])
     experiments["budget_frontier"] = budget_frontier(ev, experiments["lambda_sweep"], experiments["scatter"])
+    experiments["prompt_cache"] = prompt_cache.rows(
+        Evaluator(cache_sim, cached, cache_c_ref, ev.progress), cache_baselines,
+        *([Router.from_checkpoint(d, stage="td") for d in cache_dirs[name]]
+          for name in (prompt_cache.CACHE_AWARE, prompt_cache.CACHE_BLIND)), lam)
+    log("the prompt cache (cache-aware against cache-blind) done")
     experiments["post_error"] = post_error(ev)
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")

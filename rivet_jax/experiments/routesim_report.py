@@ -10,7 +10,7 @@ from typing import Sequence
 
 import ml_collections
 
-from rivet_jax.experiments import diagnostics, frontier, report, selection
+from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, selection
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.runs import MAIN
 
@@ -55,6 +55,10 @@ TABLES = {
                             ("per_lambda_accuracy", "per-lambda accuracy", 3)]),
     "budget_frontier": ("Budget frontier on test: APGR and the cost of reaching 50% / 80% of the best model's gain",
                         frontier.summary_table),
+    "prompt_cache": ("What a switch really costs: RouteSim with a prompt cache, cache-aware against cache-blind",
+                     [("router", "router", -1), ("accuracy", "accuracy", 3), ("cost", "cost ($)", 3),
+                      ("regret", "regret (J)", 3), ("switch_rate", "switch rate", 2),
+                      ("cached_share", "cached share", 3)]),
     "online_curve": ("Figure 4: online adaptation (test manifest)",
                      [("trajectories", "online trajectories", -1), ("seeds", "seeds", -1), ("accuracy", "accuracy", 3),
                       ("cost_usd", "cost ($)", 3)]),
@@ -68,14 +72,14 @@ TABLES = {
                     [("router", "router", -1)] + diagnostics.COLUMNS[1:3] + diagnostics.COLUMNS[4:]),
 }
 PLOTS = {"table2": report.plot_ablations, "lambda_sweep": report.plot_lambda_sweep, "budget_frontier": frontier.plot,
-         "lambda_conditioned": frontier.plot_regret,
+         "lambda_conditioned": frontier.plot_regret, "prompt_cache": prompt_cache.plot,
          "online_curve": report.plot_online_curve, "unavailability": report.plot_unavailability,
          "interventions": report.plot_interventions, "scatter": report.plot_scatter,
          "post_error": report.plot_post_error, "stage_preferences": report.plot_stage_preferences,
          "diagnostics": diagnostics.plot, "selection": selection.plot}
 # Each table's figure next to it (the scatter is Table 1's); how RIVET (ours) was chosen right before its ablations.
 REPORT_ORDER = ("table1", "scatter", "selection", "table2", "lambda_sweep", "lambda_conditioned", "budget_frontier",
-                "online_curve", "unavailability", "interventions", "post_error", "stage_preferences", "diagnostics")
+                "prompt_cache", "online_curve", "unavailability", "interventions", "post_error", "stage_preferences", "diagnostics")
 
 
 def sweep_lambdas(config: ml_collections.ConfigDict) -> list[float]:
@@ -153,6 +157,15 @@ def report_notes(config: ml_collections.ConfigDict, best_at: Sequence[int], test
                             "1: more accurate than the best model at lower cost). The costs are the least budgets "
                             "whose S(c) closes 50% and 80% of that gap (nan: never). Points: Table 1's test rows and "
                             "the oracle frontier (the scatter's) and Figure 3's two families."),
+        "prompt_cache": ("RouteSim with a prompt cache (`configs/routesim.py:cache`): a model called on two turns in "
+                         "a row reads the first turn's prompt from its cache at its cached-input price "
+                         "(`routesim_params.json`'s `prompt_cache`); everything here is billed so, c_ref is that "
+                         "corpus' mean per-turn cost, and regret is against the caching oracle (exact, like the fixed "
+                         "models and random). `cache_aware` and `cache_blind` are offline TD routers, one run per seed "
+                         "at RIVET (ours)' conservatism setting, trained on the same logging policies' corpus there; "
+                         "the cache-aware one adds each candidate's known saving to Q_route (`model.cache_aware`). "
+                         "`cached share`: prompt tokens billed as cached / all prompt tokens; cost per pass over the "
+                         "test split."),
         "online_curve": (f"Each point is the router while it adapts, after k online trajectories (k = 0: the offline "
                          f"TD router, before any update), rolled out on '{on.test_split}' {on.eval_rollouts} time(s) "
                          f"per task with seed {on.eval_seed}; mean ± sd over the seeds whose run reached k (`seeds`: "
