@@ -119,7 +119,8 @@ def router_kind(name: str) -> str:
         return "random"
     if name.startswith("fixed:"):
         return "fixed"
-    return "rivet" if name.startswith(("RIVET", "w/o ")) else "baseline"
+    # the prompt-cache experiment's cache_aware and cache_blind are RIVET runs too
+    return "rivet" if name.startswith(("RIVET", "w/o ", "cache_")) else "baseline"
 
 
 def router_marker(name: str) -> str:
