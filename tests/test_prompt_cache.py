@@ -223,3 +223,14 @@ def test_a_cache_aware_router_adds_lambda_times_the_previous_models_saving_to_it
     expected[1, flash] = blind.lam * per_token * history[0].prompt_tokens / blind.c_ref
     expected[2, flash] = blind.lam * per_token * history[1].prompt_tokens / blind.c_ref
     assert difference == pytest.approx(expected, rel=1e-5, abs=1e-6) and expected[2, flash] > 0
+
+
+def test_a_config_from_before_caching_is_cache_blind():
+    """A checkpoint's config saved before `model.cache_aware` existed has no such key: cache-blind, as it was."""
+    from configs import default
+    from rivet_jax.data.prompt_cache import cache_aware
+
+    config = default.get_config("tiny")
+    with config.unlocked():
+        del config.model["cache_aware"]
+    assert "cache_aware" not in config.model and not cache_aware(config)
