@@ -18,8 +18,6 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rivet_jax import plots
-
-from rivet_jax.data.replay import reference_cost
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy
@@ -53,11 +51,6 @@ def train_routers(config: ml_collections.ConfigDict, workdir: str | Path, overri
     return dirs, read_episodes(episodes_path, read_model_cards(cards_path)).episodes
 
 
-def corpus_c_ref(episodes: Sequence[Episode]) -> float:
-    """The caching corpus' c_ref (its mean per-turn cost, cached prices included): every row's unit."""
-    return reference_cost(episodes)
-
-
 def rows(ev: Evaluator, baselines: dict[str, Policy], aware: Sequence[Router], blind: Sequence[Router],
          lam: float) -> list[dict]:
     """The test split's rows: the caching oracle, the fixed models and the random router (exact), the baselines and
@@ -66,6 +59,7 @@ def rows(ev: Evaluator, baselines: dict[str, Policy], aware: Sequence[Router], b
     exact = ev.exact(split, lam)
     reference = exact[oracle.most_accurate_fixed(exact, ev.sim.pool.names)]["cost"]
     top = exact["oracle"]["return"]
+
     def with_cache(r: dict, cached_share: float) -> dict:   # `cost`: dollars per pass over the split, as cost_usd
         return {**r, "cost": r["cost_usd"], "cached_share": cached_share}
 

@@ -332,7 +332,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     c_ref = reference_cost(episodes)
     store = embedding_store(config, make_encoder(config.encoder), workdir)
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
-    cached, cache_c_ref = prompt_cache.cache_config(config), prompt_cache.corpus_c_ref(cache_episodes)
+    # the caching corpus' c_ref (its mean per-turn cost, cached prices included): the prompt-cache rows' unit
+    cached, cache_c_ref = prompt_cache.cache_config(config), reference_cost(cache_episodes)
     cache_sim = make_routesim(cached.sim)
     cache_baselines = fit_baselines(cached, cache_episodes, cache_sim.pool, store, lam, cache_c_ref)
 
