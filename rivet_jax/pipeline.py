@@ -31,6 +31,7 @@ from rivet_jax.config_checks import check_config
 from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile, profile_logs
+from rivet_jax.data.prompt_cache import cache_aware
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of
@@ -210,6 +211,10 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
         logging.warning("only %d validation tasks: a router is deployed only if its gain over the best fixed model "
                         "(or route by family) shows with an interval above 0, which few tasks rarely allow; hold out "
                         "more (config.data.holdout.validation)", tasks)
+    if env is None and cache_aware(config):
+        logging.warning("model.cache_aware: the held-out estimates score each candidate without its prompt-cache "
+                        "savings (held-out states are read from their embeddings, which leave out who served the "
+                        "last turn), so they judge a cache-blind reading of it; the deployed router adds them")
     store = embedding_store(config, prepared.encoder, workdir)
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}

@@ -498,3 +498,16 @@ def test_best_is_the_earliest_of_the_top_values():
     assert deploy.best([0.3, 0.3 + 5e-13, 0.2], tolerance=1e-12) == 0  # within the tolerance: a tie
     assert deploy.best([0.3, 0.3 + 5e-13, 0.2]) == 1                  # without it, the larger
     assert deploy.best([-np.inf, -1.0]) == 1
+
+
+@pytest.mark.slow
+def test_a_cache_aware_run_on_logs_says_its_held_out_estimates_leave_out_the_prompt_cache_savings(tmp_path, caplog):
+    """Held-out states are read from their embeddings, which leave out who served the last turn: the choice and the
+    verdict judge a cache-blind reading of a cache-aware router, and the run says so (issue 44)."""
+    episodes = [ab_episode(f"t{i:02d}", m, int(m == "ace")) for i in range(16) for m in NAMES]
+    config = with_overrides(ab_config(tmp_path, episodes), {"model.cache_aware": True})
+    with caplog.at_level("WARNING"):
+        rivet_jax.fit(config, tmp_path / "W")
+    assert any("model.cache_aware: the held-out estimates score each candidate without its prompt-cache savings"
+               in r.getMessage() for r in caplog.records)
+    assert Router.from_checkpoint(tmp_path / "W").cache_aware
