@@ -44,7 +44,7 @@ def play(sim, task_id, models, seed=0):
 
 
 def test_the_same_model_reads_its_previous_prompt_from_the_cache_and_a_switch_pays_full_price(sim, plain):
-    pro, flash = sim.pool.cards[sim.pool.index("apex-pro")], sim.pool.cards[sim.pool.index("apex-flash")]
+    pro = sim.pool.cards[sim.pool.index("apex-pro")]
     assert pro.price_cached_in_per_mtok == pro.price_in_per_mtok / 10   # routesim_params.json's prompt_cache
     # a task that the weak first turns do not end: the same seeds on both simulators give the same texts and tokens
     task = next(t for t in sim.sim_tasks("train")
