@@ -197,6 +197,7 @@ class Router:
         self.config = config
         self.lam = float(config.reward.lam)  # the trade-off it routes for (`at_lambda`: another, if conditioned)
         self.cache_aware = cache_aware(config)  # Q_route + lambda x each candidate's prompt-cache saving
+        self._saving_per_token = saving_per_token(pool) if self.cache_aware else None   # read at every scoring
         self._net = make_network(config)
         rve = rve_params(params)
         self._params = rve if stacked else jax.tree.map(lambda x: x[None], rve)                  # (K, ...)
@@ -385,9 +386,8 @@ class Router:
         blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
         savings = None
         if self.cache_aware and states:   # the previous turn's model and prompt say whose cache holds what
-            per_token = saving_per_token(self.pool)
-            savings = np.stack([call_savings(history[-1] if history else None, self.pool, self.c_ref, per_token)
-                                for _, history in states])
+            savings = np.stack([call_savings(history[-1] if history else None, self.pool, self.c_ref,
+                                             self._saving_per_token) for _, history in states])
         q = self.scores_from_embeddings(encode_states(self.encoder, blocks), mask, groups, savings)
         if self.commit:
             q = keep_previous(q, np.array([self._previous_model(history) for _, history in states], int))

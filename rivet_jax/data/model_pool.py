@@ -75,11 +75,19 @@ class ModelCard:
         if cached_tokens < 0 or cache_write_tokens < 0 or cached_tokens + cache_write_tokens > prompt_tokens:
             raise ValueError(f"cached ({cached_tokens}) and cache-written ({cache_write_tokens}) tokens must be "
                              f"parts of the {prompt_tokens} prompt tokens")
-        read = self.price_in_per_mtok if self.price_cached_in_per_mtok is None else self.price_cached_in_per_mtok
-        write = self.price_in_per_mtok if self.price_cache_write_per_mtok is None else self.price_cache_write_per_mtok
         fresh = prompt_tokens - cached_tokens - cache_write_tokens
-        return (self.price_in_per_mtok * fresh + read * cached_tokens + write * cache_write_tokens
-                + self.price_out_per_mtok * completion_tokens) / 1e6
+        return (self.price_in_per_mtok * fresh + self.cache_read_price * cached_tokens
+                + self.cache_write_price * cache_write_tokens + self.price_out_per_mtok * completion_tokens) / 1e6
+
+    @property
+    def cache_read_price(self) -> float | None:
+        """USD per million prompt tokens read from the cache: the cached-input price, else the input price."""
+        return self.price_in_per_mtok if self.price_cached_in_per_mtok is None else self.price_cached_in_per_mtok
+
+    @property
+    def cache_write_price(self) -> float | None:
+        """USD per million prompt tokens written to the cache: the cache-write price, else the input price."""
+        return self.price_in_per_mtok if self.price_cache_write_per_mtok is None else self.price_cache_write_per_mtok
 
     def __post_init__(self):
         # Sorted pairs keep equality and hashing independent of the JSON key order.

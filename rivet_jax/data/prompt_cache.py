@@ -41,8 +41,7 @@ def saving_per_token(pool: ModelPool) -> np.ndarray:
         if card.price_cached_in_per_mtok is None or card.price_in_per_mtok is None:
             saved.append(0.0)
             continue
-        past = card.price_in_per_mtok if card.price_cache_write_per_mtok is None else card.price_cache_write_per_mtok
-        saved.append(max(past - card.price_cached_in_per_mtok, 0.0) / 1e6)
+        saved.append(max(card.cache_write_price - card.cache_read_price, 0.0) / 1e6)
     return np.array(saved)
 
 

@@ -232,7 +232,7 @@ def build_replay(
     card_text = np.array([table.add(card.description) for card in pool.cards], np.int32)
     columns: dict[str, list] = {k: [] for k in ("state", "next_state", "response", "episode", *_ROW_COLUMNS)}
     savings: list[np.ndarray] = []
-    per_token = saving_per_token(pool)
+    per_token = saving_per_token(pool) if cache_aware else None
     for e_idx, episode in enumerate(episodes):
         states = [table.add(text) for text in
                   episode_state_texts(episode.task.prompt, episode.turns, count_tokens, max_tokens)]

@@ -198,11 +198,13 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
         z_next = np.sum(p * future_z, axis=2)                                       # (K, W, M, C_t)
         # Cache state 0, none to read. Z(prev = m): switch-free from here only if the policy calls m again and then
         # never switches.
-        cur[:, :, lo:hi, 0] = np.einsum("kwmc,qkwmc->kwcq", weights, stacked)
+        none = np.einsum("kwmc,qkwmc->qkwc", weights, stacked)                      # (Q, K, W, C_t)
+        cur[:, :, lo:hi, 0] = np.moveaxis(none, 0, -1)
         cur_z[:, :, lo:hi, 0] = np.moveaxis(weights * z_next, -2, -1)
         if len(holder):
             cur[:, :, lo:hi, 1:], cur_z[:, :, lo:hi, 1:] = _reading_states(
-                policy, stacked, weights, z_next, mask, holder, saving[:, lo:hi], read[:, lo:hi], at_q, lam / c_ref)
+                policy, stacked, none, weights, z_next, mask, holder, saving[:, lo:hi], read[:, lo:hi], at_q,
+                lam / c_ref)
         values[t] = cur[:, :, :size, :, 0]
         if moments is not None:
             moments[t] = cur[:, :, :size, :, at_q["W"]]
@@ -217,10 +219,11 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
                     models=models)
 
 
-def _reading_states(policy: str | int, stacked: np.ndarray, weights: np.ndarray, z_next: np.ndarray, mask: np.ndarray,
-                    holder: np.ndarray, save: np.ndarray, read: np.ndarray, at_q: dict[str, int], reward_of: float
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """The quantities (K, W, C_t, H', Q) and Z (K, W, C_t, H', M) in the H' cache states with a holder.
+def _reading_states(policy: str | int, stacked: np.ndarray, none: np.ndarray, weights: np.ndarray, z_next: np.ndarray,
+                    mask: np.ndarray, holder: np.ndarray, save: np.ndarray, read: np.ndarray, at_q: dict[str, int],
+                    reward_of: float) -> tuple[np.ndarray, np.ndarray]:
+    """The quantities (K, W, C_t, H', Q) and Z (K, W, C_t, H', M) in the H' cache states with a holder, from each
+    model's quantities `stacked` (Q, K, W, M, C_t) and the policy's in state 0, `none` (Q, K, W, C_t).
 
     Only the holder's column differs from state 0: calling it again reads `read` (H', C_t) cached tokens and costs
     `save` dollars less (its return `reward_of` x save more). So per state: the holder's own quantities, adjusted;
@@ -251,8 +254,7 @@ def _reading_states(policy: str | int, stacked: np.ndarray, weights: np.ndarray,
         z = np.where(stay, z_own, 0.0)
     else:   # the random router and a fixed model do not read Q: state 0's weights, the holder's column adjusted
         w_own = np.take(weights, holder, axis=2)                                     # (K, W, H', C_t)
-        base = np.einsum("kwmc,qkwmc->qkwc", weights, stacked)[:, :, :, None]
-        quantities = base + w_own * adjust
+        quantities = none[:, :, :, None] + w_own * adjust
         z = w_own * z_own
     zs = np.ones((*z.shape[:2], z.shape[3], z.shape[2], weights.shape[2]))          # (K, W, C_t, H', M)
     zs[..., np.arange(len(holder)), holder] = np.moveaxis(z, 2, 3)

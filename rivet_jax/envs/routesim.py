@@ -293,10 +293,8 @@ class RouteSim:
         self.price_out = np.array([m.card.price_out_per_mtok for m in self.models]) / 1e6
         # $ per prompt token read from the cache, and per token sent past it (written to it): the input price where
         # the card has none
-        self.price_read = np.array([_or(m.card.price_cached_in_per_mtok, m.card.price_in_per_mtok)
-                                    for m in self.models]) / 1e6
-        self.price_write = np.array([_or(m.card.price_cache_write_per_mtok, m.card.price_in_per_mtok)
-                                     for m in self.models]) / 1e6
+        self.price_read = np.array([m.card.cache_read_price for m in self.models]) / 1e6
+        self.price_write = np.array([m.card.cache_write_price for m in self.models]) / 1e6
         # (M,) whether a model's calls read a prompt cache (a cached price on its card, and a prompt cache at all)
         self.caches = np.array([self.prompt_cache and m.card.price_cached_in_per_mtok is not None
                                 for m in self.models])
@@ -413,10 +411,6 @@ class RouteSim:
 
     def feedback_tokens(self, feedback: str) -> int:
         return count_tokens(feedback, self.block)
-
-
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 @functools.lru_cache(maxsize=4)
