@@ -216,9 +216,10 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     key = (chosen["lambda"], chosen["stage"])
     logging.info("calibrate: chose lambda %g, stage %s; judging it on the test tasks (%.0fs elapsed)", *key,
                  time.perf_counter() - started)
-    if simulated:  # the check, after the choice: the chosen router's cost on the test tasks, rolled out
-        result["test"] = _routesim_rows(config, {key: routers[key]}, "test")[0][0]
     result["verdict"] = _verdict(config, routers[key], router_dir, workdir, simulated)
+    if simulated:  # the check, after the choice: the chosen router's cost on the test tasks (the verdict's rollouts)
+        result["test"] = {"lambda": chosen["lambda"], "stage": chosen["stage"],
+                          **{k: v for k, v in result["verdict"]["rows"][MAIN].items() if k != "policy"}}
     result["seconds"] = time.perf_counter() - started
     name = f"lambda={chosen['lambda']:g} {chosen['stage']}"
     spec = deploy.Candidate(name, (os.path.relpath(router_dir, workdir),), chosen["stage"]).spec(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
@@ -298,15 +298,12 @@ def _is_array_metadata(x: Any) -> bool:
 
 
 def non_finite_leaves(tree: Any) -> list[str]:
-    """The paths of the leaves of `tree` that hold a NaN or an inf (one device round trip for the whole tree)."""
+    """The paths of the leaves of `tree` that hold a NaN or an inf, checked on the host: one transfer for the whole
+    tree (a router's parameters are a few MB), and no program to compile (a jitted check cost 0.3 s per tree
+    structure, more than the check)."""
     leaves = jax.tree_util.tree_leaves_with_path(tree)
-    finite = jax.device_get(_all_finite([x for _, x in leaves]))
-    return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, finite) if not ok]
-
-
-@jax.jit
-def _all_finite(leaves: list) -> list:
-    return [jnp.isfinite(x).all() for x in leaves]
+    host = jax.device_get([x for _, x in leaves])
+    return [jax.tree_util.keystr(path) for (path, _), x in zip(leaves, host) if not np.isfinite(x).all()]
 
 
 def abstract_tree(tree: Any, sharding) -> Any:

@@ -194,10 +194,10 @@ def rve_params(params: dict) -> dict:
     return {name: params[name] for name in (*RVE_MODULES, FILM_MODULE) if name in params}
 
 
-def pad_rows(x: np.ndarray) -> np.ndarray:
-    """`x` (B, ...) with zero rows appended up to a power of two (B = 1 kept): callers that score batches of every
-    size (batched rollouts: fewer live episodes each round) then compile a handful of programs, not one per B.
-    Cut the result back with `[:B]`."""
+def pad_rows(x: np.ndarray, at_least: int = 1) -> np.ndarray:
+    """`x` (B, ...) with zero rows appended up to a power of two, and to `at_least` rows (B = 1 kept): callers that
+    score batches of every size (batched rollouts: fewer live episodes each round) then compile a handful of
+    programs, not one per B. Cut the result back with `[:B]`."""
     rows = x.shape[0]
-    padded = rows if rows <= 1 else 1 << (rows - 1).bit_length()
+    padded = rows if rows <= 1 else max(1 << (rows - 1).bit_length(), at_least)
     return np.concatenate([x, np.zeros((padded - rows, *x.shape[1:]), x.dtype)]) if padded > rows else x

@@ -178,9 +178,9 @@ def availability_mask(pool: ModelPool, available: Iterable[str] | None) -> np.nd
     return mask
 
 
-# States per network call in `Router.scores_from_embeddings`: its (B, M, width) activations grow with the pool, and
-# scoring the 49-model pool's 32,429 held-out states in one call peaked at 6.9 GB (`launch.evaluate_logs`).
-SCORED_ROWS = 4096
+# States per network call in `Router.scores_from_embeddings`, every call of B > 1 padded to it: activations grow with
+# the pool (32,429 states of 49 models in one call: 6.9 GB), and one program serves rollouts' shrinking rounds.
+SCORED_ROWS = 1024
 
 
 class Router:
@@ -352,9 +352,9 @@ class Router:
         (B, M): what each candidate's prompt cache saves at each state (`data.prompt_cache.call_savings`), which a
         cache-aware router adds as lambda x saving (None: nothing cached)."""
         h = np.asarray(h, np.float32)
-        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(part)),
-                                                      self._cards, self.pessimism, self.lam))[:len(part)]
-                            for part in (h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS))])
+        parts = [h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS)]
+        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(p, SCORED_ROWS)),
+                                                      self._cards, self.pessimism, self.lam))[:len(p)] for p in parts])
         if self.cache_aware and savings is not None:
             q = q + np.float32(self.lam) * np.asarray(savings, np.float32)
         if self.recentring is not None:

@@ -1,6 +1,8 @@
 """RouteSim: the benchmark's five properties on the default configuration, and the DP's agreement with the
 environment it solves."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import read_episodes
 from rivet_jax.envs import collect, oracle
 from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
-from rivet_jax.envs.routesim import OUTCOMES, SKILLS, RouteSim, make_routesim, render_response, respond
+from rivet_jax.envs.routesim import OUTCOMES, SKILLS, VARIANTS, RouteSim, make_routesim, render_response, respond
 
 LAM, GAMMA = 0.05, 0.99
 
@@ -108,6 +110,24 @@ def test_property_5_same_seed_same_bytes(sim, tmp_path):
     episodes = read_episodes(first / collect.EPISODES_FILE, sim.pool).episodes
     assert len(episodes) == 7 * 35
     assert {t.propensity for e in episodes for t in e.turns} == {1.0, 1.0 / 6}
+
+
+def test_generate_draws_as_choice_does(sim):
+    """The cached CDF draws each outcome exactly as `rng.choice(O, p=outcome_probs)` did, and leaves the generator
+    where it left it: episodes, corpora and the benchmark's numbers are those of the plain draw."""
+    for task in sim.sim_tasks("validation")[:20]:
+        for step in range(task.num_steps):
+            state = dataclasses.replace(sim.reset(task.task.id), step=step)
+            for m, model in enumerate(sim.pool.names):
+                for seed in range(5):
+                    ours, plain = np.random.default_rng([seed, step, m]), np.random.default_rng([seed, step, m])
+                    text, tokens = sim.generate(state, model, ours)
+                    outcome = int(plain.choice(len(OUTCOMES), p=sim.outcome_probs(task, step)[m]))
+                    variant = int(plain.integers(VARIANTS.get(OUTCOMES[outcome], 1)))
+                    assert text == render_response(OUTCOMES[outcome], SKILLS[task.skills[step]], step,
+                                                   task.answers[step], step == task.num_steps - 1, plain, variant)
+                    assert tokens == sim.completion[m, outcome]
+                    assert ours.random() == plain.random()
 
 
 def test_responses_carry_information(sim):

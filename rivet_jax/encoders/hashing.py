@@ -42,6 +42,11 @@ MAX_MEMO_ENTRIES = 2**21
 # serialization counts the tokens of every block of a state, and the states of a growing conversation repeat
 # their blocks, so each is tokenized once (`count_tokens`, `encode_blocks`).
 BLOCK_CACHE_TOKENS = 2**20
+# Vectors of recently encoded states (`encode_blocks`), up to this many bytes (least recently used dropped first):
+# batched rollouts score the same state many times (every policy's first turn of a task, and later turns wherever
+# policies chose alike: they draw the same responses), and n-grams span blocks, so a state's vector is not a sum of
+# its blocks' and is worth keeping whole.
+STATE_CACHE_BYTES = 2**26
 
 
 def feature_bucket_and_sign(feature: str, dim: int) -> tuple[int, int]:
@@ -91,6 +96,7 @@ class HashingEncoder:
         self._memo: dict[str, int] = {}
         self._blocks: OrderedDict[str, tuple[str, ...]] = OrderedDict()   # block text -> its tokens (LRU)
         self._cached_tokens = 0
+        self._states: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()  # blocks -> (dim,) float32 (LRU)
         self._blocks_lock = threading.Lock()
 
     @property
@@ -124,11 +130,24 @@ class HashingEncoder:
         bit for bit, with each block's tokens reused from the cache: no token spans the whitespace separator, and
         lowercasing a block alone equals lowercasing it inside the joined text (the separator ends every case
         context), so the joined text's tokens are the blocks' tokens in order."""
-        vectors = np.zeros((len(states), self.dim), dtype=np.float64)  # (N, dim)
-        for row, blocks in enumerate(states):
-            tokens = [token for block in as_text_list(blocks) for token in self._block_tokens(block)]
+        keys = [tuple(as_text_list(blocks)) for blocks in states]
+        with self._blocks_lock:
+            found = {key: self._states[key] for key in dict.fromkeys(keys) if key in self._states}
+            for key in found:
+                self._states.move_to_end(key)
+        misses = [key for key in dict.fromkeys(keys) if key not in found]
+        vectors = np.zeros((len(misses), self.dim), dtype=np.float64)  # (U, dim)
+        for row, blocks in enumerate(misses):
+            tokens = [token for block in blocks for token in self._block_tokens(block)]
             vectors[row] = self._vector_of(self._features_of(tokens))
-        return l2_normalise_rows(vectors).astype(np.float32)
+        fresh = l2_normalise_rows(vectors).astype(np.float32)
+        fresh.flags.writeable = False  # rows are shared with the cache
+        found.update(zip(misses, fresh))
+        with self._blocks_lock:
+            self._states.update(zip(misses, fresh))
+            while len(self._states) * 4 * self.dim > STATE_CACHE_BYTES:
+                self._states.popitem(last=False)
+        return np.array([found[key] for key in keys], np.float32).reshape(len(keys), self.dim)  # (N, dim), owned
 
     def _block_tokens(self, block: str) -> tuple[str, ...]:
         """The tokens of `block`, from the LRU cache or tokenized now (and cached while the budget allows)."""

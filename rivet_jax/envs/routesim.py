@@ -300,6 +300,7 @@ class RouteSim:
                                 for m in self.models])
         self._tasks = self._make_tasks()
         self._by_id = {t.task.id: t for tasks in self._tasks.values() for t in tasks}
+        self._outcome_cdfs: dict[tuple[str, int], np.ndarray] = {}   # (task id, step) -> (M, O), see outcome_cdf
 
     # -- tasks ---------------------------------------------------------------------------------------------
 
@@ -345,6 +346,18 @@ class RouteSim:
         return np.concatenate([(p_success * (1 - over))[:, None], (p_success * over)[:, None],
                                (1 - p_success)[:, None] * mix], axis=1)
 
+    def outcome_cdf(self, sim_task: SimTask, step: int) -> np.ndarray:
+        """(M, O) `outcome_probs` cumulated and normalised as `Generator.choice` does it, computed once per (task,
+        step): `cdf[m].searchsorted(rng.random(), side="right")` draws what `rng.choice(O, p=probs[m])` draws, draw
+        for draw (the rollouts' hot loop, without choice's checks and cumsum at every turn)."""
+        key = (sim_task.task.id, step)
+        cdf = self._outcome_cdfs.get(key)
+        if cdf is None:
+            cdf = self.outcome_probs(sim_task, step).cumsum(axis=1)
+            cdf /= cdf[:, -1:]
+            self._outcome_cdfs[key] = cdf
+        return cdf
+
     # -- the environment -----------------------------------------------------------------------------------
 
     def reset(self, task_id: str) -> SimState:
@@ -354,7 +367,7 @@ class RouteSim:
     def generate(self, state: SimState, model: str, rng: np.random.Generator) -> tuple[str, int]:
         """The model acts: its response text and completion tokens (the only place model identity matters)."""
         m = self.pool.index(model)
-        outcome = int(rng.choice(len(OUTCOMES), p=self.outcome_probs(state.sim_task, state.step)[m]))
+        outcome = int(self.outcome_cdf(state.sim_task, state.step)[m].searchsorted(rng.random(), side="right"))
         variant = int(rng.integers(VARIANTS.get(OUTCOMES[outcome], 1)))
         sim_task = state.sim_task
         text = render_response(OUTCOMES[outcome], SKILLS[sim_task.skills[state.step]], state.step,
