@@ -369,21 +369,28 @@ def test_the_block_token_cache_is_bounded(monkeypatch):
     assert "one two three four five six seven eight nine ten eleven" not in encoder._blocks
 
 
-def test_the_state_vector_cache_is_bounded_and_never_shared_out(monkeypatch):
-    """encode_blocks keeps recent states' vectors: a state asked again (in the same call or later) gets the vector
-    its text gets, the caller's array is its own (writing to it changes nothing cached), and the cache holds at most
-    STATE_CACHE_BYTES of vectors, least recently used dropped first."""
+def test_the_state_vector_cache_is_bounded_shared_and_never_shared_out(monkeypatch):
+    """encode_blocks keeps recent states' vectors: a state asked again (in the same call, later, or by another
+    encoder of the same fingerprint) gets the vector its text gets, the caller's array is its own (writing to it
+    changes nothing cached), another fingerprint never reads them, and the cache holds at most STATE_CACHE_BYTES,
+    least recently used dropped first."""
     from rivet_jax.data.serialize import BLOCK_SEPARATOR
     from rivet_jax.encoders import hashing
 
     monkeypatch.setattr(hashing, "STATE_CACHE_BYTES", 3 * 4 * 16)   # three vectors of dim 16
+    monkeypatch.setattr(hashing, "_STATE_VECTORS", hashing._StateVectors())
     encoder = HashingEncoder(dim=16)
     states = [["task one", f"turn {k}"] for k in range(5)]
     expected = encoder.encode([BLOCK_SEPARATOR.join(s) for s in states])
     first = encoder.encode_blocks(states[:2] + states[:1])                      # a repeat within one call
     np.testing.assert_array_equal(first, expected[[0, 1, 0]])
     first[:] = 7.0                                                              # the caller's own array
-    np.testing.assert_array_equal(encoder.encode_blocks(states[:1]), expected[:1])
+    np.testing.assert_array_equal(HashingEncoder(dim=16).encode_blocks(states[:1]), expected[:1])
+    other = HashingEncoder(dim=16, ngram_range=(1, 1))                          # another fingerprint
+    np.testing.assert_array_equal(other.encode_blocks(states[:1]),
+                                  other.encode([BLOCK_SEPARATOR.join(states[0])]))
     np.testing.assert_array_equal(encoder.encode_blocks(states), expected)
-    assert list(encoder._states) == [tuple(s) for s in states[2:]]              # the three most recent
+    cache = hashing._STATE_VECTORS
+    assert cache.bytes == 3 * 4 * 16 and len(cache.rows) == 3                  # the three most recent
+    np.testing.assert_array_equal(np.stack(list(cache.rows.values())), expected[2:])
     assert encoder.encode_blocks([]).shape == (0, 16)

@@ -29,6 +29,7 @@ from itertools import filterfalse
 
 import numpy as np
 
+from rivet_jax.data.serialize import BLOCK_SEPARATOR
 from rivet_jax.encoders.base import as_text_list, l2_normalise_rows
 
 TOKEN_PATTERN = r"\w+|[^\w\s]"
@@ -42,11 +43,43 @@ MAX_MEMO_ENTRIES = 2**21
 # serialization counts the tokens of every block of a state, and the states of a growing conversation repeat
 # their blocks, so each is tokenized once (`count_tokens`, `encode_blocks`).
 BLOCK_CACHE_TOKENS = 2**20
-# Vectors of recently encoded states (`encode_blocks`), up to this many bytes (least recently used dropped first):
-# batched rollouts score the same state many times (every policy's first turn of a task, and later turns wherever
-# policies chose alike: they draw the same responses), and n-grams span blocks, so a state's vector is not a sum of
-# its blocks' and is worth keeping whole.
-STATE_CACHE_BYTES = 2**26
+# Vectors of recently encoded states (`encode_blocks`), up to this many bytes in all, shared by every encoder of one
+# fingerprint (least recently used dropped first): batched rollouts score the same state many times (every policy's
+# first turn of a task, and later turns wherever policies chose alike: they draw the same responses), and n-grams
+# span blocks, so a state's vector is not a sum of its blocks' and is worth keeping whole. One cache for the process,
+# not one per encoder: a job holds dozens of routers, each with its own encoder (64 MB each took the main job from
+# 3.0 to 4.2 GB).
+STATE_CACHE_BYTES = 2**25
+
+
+class _StateVectors:
+    """(fingerprint, digest of the state's text) -> its (dim,) float32 vector, least recently used dropped past the
+    byte bound. Keyed by the joined text's digest, not the blocks: the keys stay small, and blocks that join alike
+    have one vector (`encode_blocks` equals `encode` of the joined text)."""
+
+    def __init__(self):
+        self.rows: OrderedDict[tuple[str, bytes], np.ndarray] = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, keys: Sequence[tuple]) -> dict:
+        with self.lock:
+            found = {key: self.rows[key] for key in dict.fromkeys(keys) if key in self.rows}
+            for key in found:
+                self.rows.move_to_end(key)
+        return found
+
+    def put(self, items: Sequence[tuple[tuple, np.ndarray]]) -> None:
+        with self.lock:
+            for key, row in items:
+                if key not in self.rows:
+                    self.rows[key] = row.copy()   # its own buffer: a view would keep its whole batch alive
+                    self.bytes += row.nbytes
+            while self.bytes > STATE_CACHE_BYTES:
+                self.bytes -= self.rows.popitem(last=False)[1].nbytes
+
+
+_STATE_VECTORS = _StateVectors()
 
 
 def feature_bucket_and_sign(feature: str, dim: int) -> tuple[int, int]:
@@ -96,7 +129,6 @@ class HashingEncoder:
         self._memo: dict[str, int] = {}
         self._blocks: OrderedDict[str, tuple[str, ...]] = OrderedDict()   # block text -> its tokens (LRU)
         self._cached_tokens = 0
-        self._states: OrderedDict[tuple[str, ...], np.ndarray] = OrderedDict()  # blocks -> (dim,) float32 (LRU)
         self._blocks_lock = threading.Lock()
 
     @property
@@ -129,24 +161,21 @@ class HashingEncoder:
         """`encode` of each state's blocks joined by BLOCK_SEPARATOR (`data.serialize.state_blocks`), the same vectors
         bit for bit, with each block's tokens reused from the cache: no token spans the whitespace separator, and
         lowercasing a block alone equals lowercasing it inside the joined text (the separator ends every case
-        context), so the joined text's tokens are the blocks' tokens in order."""
-        keys = [tuple(as_text_list(blocks)) for blocks in states]
-        with self._blocks_lock:
-            found = {key: self._states[key] for key in dict.fromkeys(keys) if key in self._states}
-            for key in found:
-                self._states.move_to_end(key)
-        misses = [key for key in dict.fromkeys(keys) if key not in found]
+        context), so the joined text's tokens are the blocks' tokens in order. A state encoded lately (by any encoder
+        of this fingerprint) is read from the process's state cache (`STATE_CACHE_BYTES`)."""
+        fingerprint = self.fingerprint
+        states = [as_text_list(blocks) for blocks in states]
+        keys = [(fingerprint, hashlib.blake2b(BLOCK_SEPARATOR.join(blocks).encode("utf-8"), digest_size=16).digest())
+                for blocks in states]
+        found = _STATE_VECTORS.get(keys)
+        misses = {key: blocks for key, blocks in zip(keys, states) if key not in found}
         vectors = np.zeros((len(misses), self.dim), dtype=np.float64)  # (U, dim)
-        for row, blocks in enumerate(misses):
+        for row, blocks in enumerate(misses.values()):
             tokens = [token for block in blocks for token in self._block_tokens(block)]
             vectors[row] = self._vector_of(self._features_of(tokens))
-        fresh = l2_normalise_rows(vectors).astype(np.float32)
-        fresh.flags.writeable = False  # rows are shared with the cache
-        found.update(zip(misses, fresh))
-        with self._blocks_lock:
-            self._states.update(zip(misses, fresh))
-            while len(self._states) * 4 * self.dim > STATE_CACHE_BYTES:
-                self._states.popitem(last=False)
+        fresh = list(zip(misses, l2_normalise_rows(vectors).astype(np.float32)))
+        found.update(fresh)
+        _STATE_VECTORS.put(fresh)
         return np.array([found[key] for key in keys], np.float32).reshape(len(keys), self.dim)  # (N, dim), owned
 
     def _block_tokens(self, block: str) -> tuple[str, ...]:
