@@ -178,9 +178,9 @@ def availability_mask(pool: ModelPool, available: Iterable[str] | None) -> np.nd
     return mask
 
 
-# States per network call in `Router.scores_from_embeddings`, every call of B > 1 padded to it: activations grow with
-# the pool (32,429 states of 49 models in one call: 6.9 GB), and one program serves rollouts' shrinking rounds.
-SCORED_ROWS = 1024
+# States per network call in `Router.scores_from_embeddings` (49 models x 32,429 states in one call: 6.9 GB), each
+# call of B > 1 padded to a power of two >= MIN_SCORED_ROWS: three programs serve rollouts' shrinking rounds.
+SCORED_ROWS, MIN_SCORED_ROWS = 1024, 256
 
 
 class Router:
@@ -353,8 +353,8 @@ class Router:
         cache-aware router adds as lambda x saving (None: nothing cached)."""
         h = np.asarray(h, np.float32)
         parts = [h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS)]
-        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, jnp.asarray(pad_rows(p, SCORED_ROWS)),
-                                                      self._cards, self.pessimism, self.lam))[:len(p)] for p in parts])
+        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, pad_rows(x, MIN_SCORED_ROWS),
+                                                      self._cards, self.pessimism, self.lam))[:len(x)] for x in parts])
         if self.cache_aware and savings is not None:
             q = q + np.float32(self.lam) * np.asarray(savings, np.float32)
         if self.recentring is not None:
