@@ -69,11 +69,12 @@ def pytest_unconfigure(config):
         del os.environ[CACHE]
 
 
-# The files that take longest (measured with --durations, longest first: their fixtures run whole experiments),
-# handed out first of all.
-LONGEST = ("test_live.py", "test_reproduce.py", "test_mint_experiment.py", "test_deploy.py", "test_train_router.py",
-           "test_notebooks.py", "test_sharding.py", "test_run_group.py", "test_benchmark.py", "test_calibrate.py",
-           "test_mint_large.py", "test_routesim.py", "test_serve.py")
+# The files that take longest (each file's summed --durations, longest first: their fixtures run whole experiments;
+# 57ca3f5 + the tiny live config, 99 s down to 20 s), handed out first of all.
+LONGEST = ("test_reproduce.py", "test_deploy.py", "test_train_router.py", "test_live.py", "test_notebooks.py",
+           "test_run_group.py", "test_mint_experiment.py", "test_routesim.py", "test_serve_redteam.py",
+           "test_mint_large.py", "test_sharding.py", "test_calibrate.py", "test_serve.py", "test_online.py",
+           "test_benchmark.py")
 
 
 def pytest_collection_modifyitems(config, items):
