@@ -120,10 +120,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         config.baselines.mtrouter_epochs = 2
         config.baselines.clusters = 3
         config.baselines.knn_k = 3
-        for family in sim.families.values():
-            for split in ("train", "validation", "test"):
-                if split in family:
-                    family[split] = min(family[split], 2)
+        routesim_config.cap_tasks(sim, 2)
         config.evaluate.rollouts_per_task = 1
         config.diagnose.max_logged_states = 200
         config.select.alphas = (0.1,)

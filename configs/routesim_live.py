@@ -60,8 +60,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         # Two conservatism settings and one shrinkage: 20 candidates a round instead of 86, every step still taken
         config.deploy.alphas, config.deploy.cql_on, config.deploy.shrinkage = (0.0, 0.1), ("all",), (0.5,)
         config.loop.warm_epochs = 2
-        for family in live.sim.families.values():   # a few tasks per family and split: the DP and rollouts in seconds
-            for split in ("train", "validation", "test"):
-                if split in family:
-                    family[split] = min(family[split], 4)
+        routesim_config.cap_tasks(live.sim, 4)   # a few tasks per family and split: the DP and rollouts in seconds
     return config

@@ -69,8 +69,8 @@ def pytest_unconfigure(config):
         del os.environ[CACHE]
 
 
-# The files that take longest (each file's summed --durations, longest first: their fixtures run whole experiments;
-# 57ca3f5 + the tiny live config, 99 s down to 20 s), handed out first of all.
+# The files that take longest (each file's summed --durations at ad1b1bd, longest first, from test_reproduce.py's
+# 99 s to test_benchmark.py's 20 s: their fixtures run whole experiments), handed out first of all.
 LONGEST = ("test_reproduce.py", "test_deploy.py", "test_train_router.py", "test_live.py", "test_notebooks.py",
            "test_run_group.py", "test_mint_experiment.py", "test_routesim.py", "test_serve_redteam.py",
            "test_mint_large.py", "test_sharding.py", "test_calibrate.py", "test_serve.py", "test_online.py",

@@ -59,3 +59,11 @@ def sim_config() -> ml_collections.ConfigDict:
     sim.models = models()
     sim.families = families()
     return sim
+
+
+def cap_tasks(sim: ml_collections.ConfigDict, most: int) -> None:
+    """At most `most` tasks per family and split in `sim` (a `sim_config()`), in place: the tiny variants' manifests."""
+    for family in sim.families.values():
+        for split in ("train", "validation", "test"):
+            if split in family:
+                family[split] = min(family[split], most)
