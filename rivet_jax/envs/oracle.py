@@ -156,20 +156,25 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
     names = ("V", "S", "$", "N", *extra)
     at_q = {name: i for i, name in enumerate(names)}
     num_q = len(names)
-    # Where each (branch, model, c) lands, as flat indices into the t+1 tables, for every (k, w) at once: these do
-    # not depend on t, so the backward loop only gathers, and it does each turn's arithmetic for all (k, w) together.
+    # Where each (branch, model, c) lands: a row of the t+1 tables, flattened over (k, w, c, cache state), for every
+    # (k, w) at once; a branch that ends the episode lands on the row past them (zeros, and Z = 1). These do not
+    # depend on t, so the backward loop only gathers, and does each turn's arithmetic for all (k, w) together.
     k_index = np.arange(num_steps)[:, None, None]                                   # (K, 1, 1)
     wrong = np.arange(proposals)[None, :, None] + br.wrong[:, None, :]              # (K, W, B)
     cell = (k_index + br.advance[:, None, :]) * proposals + np.minimum(wrong, proposals - 1)   # (K, W, B) next (k, w)
     at = np.arange(size)[None, None, :] + br.tokens[..., None]                      # (K, B, M, C)
-    state = (cell[..., None, None] * ext + at[:, None]) * num_h + cache.after[:, None, :, :, None]   # (K, W, B, M, C)
-    landing = state[..., None] * num_q + np.arange(num_q)                           # (K, W, B, M, C, Q)
-    landing_z = state * num_models + np.arange(num_models)[:, None]                 # (K, W, B, M, C)
     done = (br.correct[:, None, :] > 0) | (wrong >= proposals)                      # (K, W, B)
-    p = br.prob[:, None, :, :, None]                                                # (K, 1, B, M, 1)
-    correct = br.correct[:, None, :, None, None]                                    # (K, 1, B, 1, 1)
-    nxt = np.zeros((num_steps, proposals, ext, num_h, num_q))    # the quantities at t+1
-    nxt_z = np.ones((num_steps, proposals, ext, num_h, num_models))  # Z at t+1 (no switch ever after the last turn)
+    rows = num_steps * proposals * ext * num_h
+    landing = np.where(done[..., None, None], rows,                                 # (K, W, B, M, C)
+                       (cell[..., None, None] * ext + at[:, None]) * num_h + cache.after[:, None, :, :, None])
+    landing_z = landing * num_models + np.arange(num_models)[:, None]               # (K, W, B, M, C)
+    tables = (num_steps, proposals, ext, num_h)
+    # What a turn adds before its future, summed over branches once: E[correct], E[1] (1 up to rounding) per model
+    pay = br.prob                                                                   # (K, B, M)
+    p_correct = np.einsum("kbm,kb->km", pay, br.correct)[:, None, :, None]          # (K, 1, M, 1)
+    p_one = pay.sum(axis=1)[:, None, :, None]                                       # (K, 1, M, 1)
+    nxt = np.zeros((rows + 1, num_q))                            # the quantities at t+1, then the zero row
+    nxt_z = np.ones((rows + 1) * num_models)                     # Z at t+1 (no switch ever after the last turn)
     values = np.zeros((turns + 1, num_steps, proposals, size, num_h))
     moments = np.zeros((turns + 1, num_steps, proposals, size, num_h)) if second_moment else None
     grow_min = int(br.tokens.min())
@@ -179,39 +184,43 @@ def solve(sim: RouteSim, sim_task: SimTask, reward: Reward, policy: str | int,
         cur = np.zeros_like(nxt)
         cur_z = np.ones_like(nxt_z)
         cost = cost_in[None, :, lo:hi] + br.cost_out[:, :, None]                   # (B, M, C_t)
-        reward = -lam * cost / c_ref + correct                                      # (K, 1, B, M, C_t)
-        ends = (done | (t + 1 >= turns))[..., None, None]                          # (K, W, B, 1, 1)
-        future = np.where(ends[..., None], 0.0, np.take(nxt, landing[..., lo:hi, :]))   # (K, W, B, M, C_t, Q)
-        future_z = np.where(ends, 1.0, np.take(nxt_z, landing_z[..., lo:hi]))            # (K, W, B, M, C_t)
-        q = {"V": np.sum(p * (reward + gamma * future[..., 0]), axis=2),            # (K, W, M, C_t) each
-             "S": np.sum(p * (correct + future[..., 1]), axis=2),
-             "$": np.sum(p * (cost + future[..., 2]), axis=2),
-             "N": np.sum(p * (1.0 + future[..., 3]), axis=2)}
-        if second_moment:
-            q["W"] = np.sum(p * (reward**2 + 2 * gamma * reward * future[..., 0] + gamma**2 * future[..., at_q["W"]]),
-                            axis=2)
+        p_cost = np.einsum("kbm,bmc->kmc", pay, cost)[:, None]                      # (K, 1, M, C_t)
+        reward = -lam * cost[None] / c_ref + br.correct[:, :, None, None]           # (K, B, M, C_t)
+        future = np.take(nxt, landing[..., lo:hi], axis=0)                          # (K, W, B, M, C_t, Q)
+        expected = np.einsum("kbm,kwbmcq->qkwmc", pay, future)                      # (Q, K, W, M, C_t)
+        # V summed as one expectation, not as E[r] + gamma E[V']: the oracle's argmax breaks exact ties (lambda 0
+        # leaves many) by the model's index, and a rounding that differs between models would break them by noise.
+        q = {"V": np.sum(pay[:, None, :, :, None] * (reward[:, None] + gamma * future[..., 0]), axis=2),
+             "S": p_correct + expected[1],
+             "$": p_cost + expected[2],
+             "N": p_one + expected[3]}
+        if second_moment:   # E[(r + gamma G')^2] = E[r^2] + 2 gamma E[r G'] + gamma^2 E[G'^2]
+            q["W"] = (np.einsum("kbm,kbmc->kmc", pay, reward**2)[:, None]
+                      + 2 * gamma * np.einsum("kbm,kbmc,kwbmc->kwmc", pay, reward, future[..., 0])
+                      + gamma**2 * expected[at_q["W"]])
         if sim.prompt_cache:
-            q["P"] = np.sum(p * (prompt[lo:hi] + future[..., at_q["P"]]), axis=2)
-            q["R"] = np.sum(p * future[..., at_q["R"]], axis=2)
-        stacked = np.stack([q[name] for name in names])                            # (Q, K, W, M, C_t)
+            q["P"] = p_one * prompt[lo:hi] + expected[at_q["P"]]
+            q["R"] = expected[at_q["R"]]
+        stacked = np.stack([np.broadcast_to(q[name], expected.shape[1:]) for name in names])   # (Q, K, W, M, C_t)
         weights = _policy_weights(policy, q["V"], mask)                             # (K, W, M, C_t)
-        z_next = np.sum(p * future_z, axis=2)                                       # (K, W, M, C_t)
+        z_next = np.einsum("kbm,kwbmc->kwmc", pay, np.take(nxt_z, landing_z[..., lo:hi]))     # (K, W, M, C_t)
+        cur5, cur_z5 = cur[:rows].reshape(*tables, num_q), cur_z[:rows * num_models].reshape(*tables, num_models)
         # Cache state 0, none to read. Z(prev = m): switch-free from here only if the policy calls m again and then
         # never switches.
         none = np.einsum("kwmc,qkwmc->qkwc", weights, stacked)                      # (Q, K, W, C_t)
-        cur[:, :, lo:hi, 0] = np.moveaxis(none, 0, -1)
-        cur_z[:, :, lo:hi, 0] = np.moveaxis(weights * z_next, -2, -1)
+        cur5[:, :, lo:hi, 0] = np.moveaxis(none, 0, -1)
+        cur_z5[:, :, lo:hi, 0] = np.moveaxis(weights * z_next, -2, -1)
         if len(holder):
-            cur[:, :, lo:hi, 1:], cur_z[:, :, lo:hi, 1:] = _reading_states(
+            cur5[:, :, lo:hi, 1:], cur_z5[:, :, lo:hi, 1:] = _reading_states(
                 policy, stacked, none, weights, z_next, mask, holder, saving[:, lo:hi], read[:, lo:hi], at_q,
                 lam / c_ref)
-        values[t] = cur[:, :, :size, :, 0]
+        values[t] = cur5[:, :, :size, :, 0]
         if moments is not None:
-            moments[t] = cur[:, :, :size, :, at_q["W"]]
+            moments[t] = cur5[:, :, :size, :, at_q["W"]]
         nxt, nxt_z = cur, cur_z
-    first = nxt[0, 0, c0, 0]
+    first = cur5[0, 0, c0, 0]
     # At the first turn there is no previous model: the episode never switches if, having called m, it keeps m.
-    switch = max(0.0, 1.0 - float(nxt_z[0, 0, c0, 0].sum()))  # clipped: rounding can leave -1e-16
+    switch = max(0.0, 1.0 - float(cur_z5[0, 0, c0, 0].sum()))  # clipped: rounding can leave -1e-16
     stats = PolicyStats(value=float(first[0]), success=float(first[1]), cost=float(first[2]), turns=float(first[3]),
                         switch=switch, **({"prompt_tokens": float(first[at_q["P"]]),
                                            "cached_tokens": float(first[at_q["R"]])} if sim.prompt_cache else {}))
