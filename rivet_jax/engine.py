@@ -10,7 +10,8 @@ A run group is the unit; one run is a group of one. The runs of a group differ i
     loss.zero_response  RIVE's input scaled by 0 or 1     `LossWeights.response`
     reward.lam          rewards and returns (Eq. 1-2)     reward and mc_return columns (R, N)
 
-so one jit'ed program runs an epoch of all of them: one compile instead of R. A whole epoch runs inside one
+so one jit'ed program runs an epoch of all of them: one compile instead of R (on a CPU, where the runs step one
+after another, one program for a single run serves them all in turn, and every group size: `runs_in_turn`). A whole epoch runs inside one
 `lax.scan` (no Python per step); each run's shuffle comes from `fold_in(its stage key, epoch)`, so an epoch is a pure
 function of (states, data, epoch) and a run resumed from an epoch checkpoint ends with exactly the parameters of an
 uninterrupted one.
@@ -83,9 +84,14 @@ def over_runs(config, mesh, run_fn: Callable, runs) -> tuple:
     return jax.lax.map(lambda r: run_fn(*r), runs, batch_size=runs_per_step(config))
 
 
-def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
-    """jit'ed (states (R, ...), data, values, epoch) -> (states, per-step metrics (R, S), batches (R, S, B)) over
-    device-resident data, states donated."""
+def runs_in_turn(config, mesh=None) -> bool:
+    """Whether a group's runs step one after another in one shard (`runs_vmapped` 1, a CPU's default)."""
+    return runs_per_step(config) is None and (mesh is None or mesh.shape[sharding.RUNS] == 1)
+
+
+def make_run_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
+    """(state, own values, data, epoch) -> (state, per-step metrics (S,), batches (S, B)): one run's epoch over
+    device-resident data, shuffled by its own key. Not jit'ed."""
     train_step = make_train_step(net, tx, config, stage, mesh)
     batch_size = config.optim.batch_size
 
@@ -94,10 +100,36 @@ def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
         state, metrics = jax.lax.scan(lambda s, idx: train_step(s, data, idx, own), state, batches)
         return state, metrics, batches
 
+    return run_epoch
+
+
+def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callable:
+    """(states (R, ...), data, values, epoch) -> (states, per-step metrics (R, S), batches (R, S, B)) over
+    device-resident data, states donated: one jit'ed program for the group, or, where its runs step one after
+    another (`runs_in_turn`), one program for a run called for each in turn. That is the same arithmetic as the
+    group program's sequential `lax.map` (bit for bit, tests/test_run_group.py) and one compile for every group
+    size: a job's groups of 2, 4 and 8 runs compiled three programs per stage."""
+    run_epoch = make_run_epoch(net, tx, config, stage, mesh)
+    if runs_in_turn(config, mesh):
+        return _in_turn(jax.jit(run_epoch, donate_argnums=0))
+
     @functools.partial(jax.jit, donate_argnums=0)
     def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
         return over_runs(config, mesh, lambda s, v: run_epoch(s, v, data, epoch), (states, values))
 
+    return group_epoch
+
+
+def _in_turn(run_epoch: Callable) -> Callable:
+    """A group epoch from a jit'ed one-run epoch (its `program`): each run's state and values taken from the
+    stacked ones, stepped, and stacked again; metrics and batches come back on the host."""
+    def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
+        num_runs = int(jax.tree.leaves(values)[0].shape[0])
+        ended = [run_epoch(unstack(states, r), unstack(values, r), data, epoch) for r in range(num_runs)]
+        metrics = jax.tree.map(lambda *m: np.stack([np.asarray(x) for x in m]), *[e[1] for e in ended])
+        return stack([e[0] for e in ended]), metrics, np.stack([np.asarray(e[2]) for e in ended])
+
+    group_epoch.program = run_epoch
     return group_epoch
 
 
