@@ -163,3 +163,67 @@ def test_runs_in_turn_end_where_each_run_alone_ends_bit_for_bit(stage):
         for a, b, c in zip(together[r], alone[r], before[r]):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
             np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(c, np.float64), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_conservatism_grid_trains_its_mc_warm_start_once_per_seed(tmp_path):
+    """Runs that differ only in the TD settings (loss.alpha, loss.cql_on) share one MC stage, trained in the first of
+    them and copied to the others; each then trains its own TD stage from it, as its solo run does, and resumes."""
+    base = routesim_config.get_config("tiny")
+    base = runs.training_config(base, runs.collected_corpus(base, tmp_path))
+    grid = [{"seed": 0}, {"seed": 0, "loss.alpha": 0.0}, {"seed": 1}, {"seed": 0, "loss.cql_on": "stochastic"}]
+    configs = [with_overrides(base, {"stage": "offline", "data.embedding_cache": str(tmp_path / "embeddings"), **v})
+               for v in grid]
+    workdirs = [tmp_path / "grid" / str(i) for i in range(len(configs))]
+    trained = []
+    original = engine.train_together
+
+    def counting(group, on_epoch_end=None):
+        trained.append([run.stage for run in group])
+        return original(group, on_epoch_end)
+
+    engine.train_together = counting
+    try:
+        train.train_group(configs, workdirs)
+    finally:
+        engine.train_together = original
+    assert sorted(map(len, trained)) == [2, 4]            # MC for seeds 0 and 1; TD for all four
+    assert [r["stage"] for r in records(workdirs[1])].count("mc") == configs[1].mc_epochs
+    assert all(r.get("taken_from") == str(workdirs[0]) for r in records(workdirs[1]) if r["stage"] == "mc")
+    assert not any("taken_from" in r for r in records(workdirs[2]))
+    for i in (1, 3):                                       # the same MC parameters, bit for bit
+        for a, b in zip(jax.tree.leaves(saved_params(configs[0], workdirs[0], "mc")),
+                        jax.tree.leaves(saved_params(configs[i], workdirs[i], "mc"))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # The TD stage of a run that took its MC ends where the run alone ends (vmapped rounding: test_group_run_...)
+    train.train(configs[1], tmp_path / "solo")
+    for a, b in zip(jax.tree.leaves(saved_params(configs[1], workdirs[1], "td")),
+                    jax.tree.leaves(saved_params(configs[1], tmp_path / "solo", "td"))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(*(np.asarray(jax.tree.leaves(saved_params(configs[i], workdirs[i], "td"))[0])
+                             for i in (0, 1)))          # alpha still matters in TD
+    # A second call resumes: nothing is trained again, nothing copied twice.
+    before = [len(records(w)) for w in workdirs]
+    train.train_group(configs, workdirs)
+    assert [len(records(w)) for w in workdirs] == before
+    # A TD checkpoint is still the run's own: resuming it with another alpha is refused.
+    with pytest.raises(checkpointing.ConfigChangedError, match="loss.alpha"):
+        train.train_group([with_overrides(configs[1], {"loss.alpha": 0.5})], [workdirs[1]])
+
+
+def test_the_lambdas_of_a_group_share_one_embedding_table(tmp_path):
+    """Runs at other lambdas read the same texts: their corpora hold the first one's table and texts, not copies,
+    and only the rewards and returns differ, equal to each lambda's own corpus read alone."""
+    base = routesim_config.get_config("tiny")
+    base = runs.training_config(base, runs.collected_corpus(base, tmp_path))
+    configs = [with_overrides(base, {"reward.lam": lam, "data.embedding_cache": str(tmp_path / "embeddings")})
+               for lam in (0.1, 0.5, 0.1)]
+    workdirs = [tmp_path / str(i) for i in range(len(configs))]
+    first, other, again = train.prepare_all(configs, workdirs)
+    assert again is first
+    assert other.data.embeddings is first.data.embeddings and other.replay.texts is first.replay.texts
+    assert not np.allclose(other.replay.reward, first.replay.reward)
+    alone = corpus.prepare_data(configs[1], tmp_path / "alone", c_ref=first.c_ref)
+    np.testing.assert_array_equal(np.asarray(other.data.embeddings), np.asarray(alone.data.embeddings))
+    for name, column in alone.replay.arrays().items():
+        np.testing.assert_array_equal(other.replay.arrays()[name], column, err_msg=name)
