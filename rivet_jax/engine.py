@@ -11,10 +11,10 @@ A run group is the unit; one run is a group of one. The runs of a group differ i
     reward.lam          rewards and returns (Eq. 1-2)     reward and mc_return columns (R, N)
 
 so one jit'ed program runs an epoch of all of them: one compile instead of R (on a CPU, where the runs step one
-after another, one program for a single run serves them all in turn, and every group size: `runs_in_turn`). A whole epoch runs inside one
-`lax.scan` (no Python per step); each run's shuffle comes from `fold_in(its stage key, epoch)`, so an epoch is a pure
-function of (states, data, epoch) and a run resumed from an epoch checkpoint ends with exactly the parameters of an
-uninterrupted one.
+after another, one program for a single run serves them all in turn, and every group size: `runs_in_turn`). A
+whole epoch runs inside one `lax.scan` (no Python per step); each run's shuffle comes from `fold_in(its stage key,
+epoch)`, so an epoch is a pure function of (states, data, epoch) and a run resumed from an epoch checkpoint ends
+with exactly the parameters of an uninterrupted one.
 
 Where the work goes (`sharding.py`): on a mesh of N devices the runs split over `runs_axis_size(R, N)` shards and
 every run's batch over the remaining devices (one run: pure data parallelism). Within a shard, a CPU runs the runs
@@ -126,8 +126,8 @@ def _in_turn(run_epoch: Callable) -> Callable:
     def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
         num_runs = int(jax.tree.leaves(values)[0].shape[0])
         ended = [run_epoch(unstack(states, r), unstack(values, r), data, epoch) for r in range(num_runs)]
-        metrics = jax.tree.map(lambda *m: np.stack([np.asarray(x) for x in m]), *[e[1] for e in ended])
-        return stack([e[0] for e in ended]), metrics, np.stack([np.asarray(e[2]) for e in ended])
+        metrics = jax.tree.map(lambda *m: np.stack(m), *[e[1] for e in ended])
+        return stack([e[0] for e in ended]), metrics, np.stack([e[2] for e in ended])
 
     group_epoch.program = run_epoch
     return group_epoch

@@ -52,12 +52,10 @@ def process_peak_gb(pid: int | str) -> float | None:
     (no /proc, or the process has ended)."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1e6   # kB
+            peak = next((line for line in status if line.startswith("VmHWM:")), None)
     except OSError:
         return None
-    return None
+    return None if peak is None else int(peak.split()[1]) / 1e6   # kB
 
 
 class Phases:
