@@ -67,7 +67,7 @@ from rivet_jax.data.schema import Episode, ModelPool
 from rivet_jax.data.serialize import serialize_state
 from rivet_jax.encoders import Encoder
 from rivet_jax.envs.base import Policy, RandomPolicy, Request, decide
-from rivet_jax.fqe import RIDGES, choose_ridge, fit_fqe, fitted_at
+from rivet_jax.fqe import RIDGES, Columns, choose_ridge, fit_fqe, fitted_at
 from rivet_jax.progress import Progress
 
 CHANNELS = ("return", "success", "cost")
@@ -261,12 +261,14 @@ def task_clusters(logs: Logs) -> np.ndarray:  # (n,) the task of each episode, t
 
 
 def estimates(logs: Logs, targets: np.ndarray, weights: np.ndarray, supported: np.ndarray, features: np.ndarray,
-              counts: np.ndarray, ridge: float, iterations: int) -> dict[str, np.ndarray]:
+              counts: np.ndarray, ridge: float, iterations: int, columns: Columns | None = None
+              ) -> dict[str, np.ndarray]:
     """Every estimator for every target (P, N, M) and channel on one weighting of the episodes, `counts` (n,) (ones:
     the logs themselves; else a bootstrap resample's multiplicities): {estimator: (P, C)}, nan where undefined.
     `weights` (P, n, H) are the targets' cumulative importance weights, 0 on the episodes IS may not use; `supported`
-    (n,) marks the episodes it may use (`Support.episodes`)."""
-    q = fit_fqe(logs, features, targets, counts[logs.episode], ridge, iterations)
+    (n,) marks the episodes it may use (`Support.episodes`); `columns`: `fqe.Columns.of(targets)`, once for many
+    weightings."""
+    q = fit_fqe(logs, features, targets, counts[logs.episode], ridge, iterations, columns)
     out = {"FQE": np.einsum("n,npc->pc", counts, q.value[logs.first]) / counts.sum()}
     used = counts * supported
     if used.sum() == 0:
@@ -354,21 +356,23 @@ def evaluate(logs: Logs, targets: Mapping[str, np.ndarray], features: np.ndarray
     stacked = np.stack([targets[name] for name in names])                                           # (P, N, M)
     support = logging_support(logs)
     weights = np.stack([np.where(support.episodes[:, None], cumulative_weights(logs, t), 0.0) for t in stacked])
-    iterations, boot = iterations or logs.live.shape[1], []
+    iterations, boot, columns = iterations or logs.live.shape[1], [], Columns.of(stacked)
     with heap.numpy_phase():
         if ridge is None:
             logging.info("OPE: choosing FQE's ridge penalty (%d candidates x 5 folds of %d episodes, %d policies)",
                          len(RIDGES), len(logs.episodes), len(names))
         chosen = {} if ridge is not None else dict(zip(("ridge", "ridge_errors"),
-                                                       choose_ridge(logs, features, stacked, iterations, seed=seed)))
+                                                       choose_ridge(logs, features, stacked, iterations, seed=seed,
+                                                                    columns=columns)))
         ridge = chosen.get("ridge", ridge)
         progress = Progress(f"OPE: FQE on the logs, then {resamples} bootstrap resamples ({len(names)} policies)",
                             resamples + 1)
         point = estimates(logs, stacked, weights, support.episodes, features, np.ones(len(logs.episodes)), ridge,
-                          iterations)
+                          iterations, columns)
         progress.step()
         for counts in bootstrap_counts(task_clusters(logs), resamples, seed):
-            boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations))
+            boot.append(estimates(logs, stacked, weights, support.episodes, features, counts, ridge, iterations,
+                                  columns))
             progress.step()
     tail = 100 * (1 - level) / 2
     rows = []

@@ -308,6 +308,20 @@ def test_store_encodes_many_misses_a_bounded_number_at_a_time(monkeypatch, tmp_p
     assert len(list(tmp_path.rglob(store_module.SHARD_GLOB))) == 1
 
 
+def test_store_reports_progress_only_where_it_takes_several_calls(monkeypatch, tmp_path):
+    """A long embedding (the 49-model pool's: 46 s) logs progress lines; one call's worth logs none."""
+    monkeypatch.setattr(store_module, "ENCODED_PER_CALL", 3)
+    lines, progress = [], store_module.Progress
+    monkeypatch.setattr(store_module, "Progress", lambda what, total: progress(
+        what, total, every_s=0.0, log=lambda fmt, *args: lines.append(fmt % args)))
+    store = EmbeddingStore(CountingEncoder(), tmp_path)
+    store.embed(["a", "b", "c"])
+    assert lines == []
+    store.embed([f"text {i}" for i in range(8)])
+    assert [line.split(",")[0] for line in lines] == ["embedding 8 texts: 3/8 done", "embedding 8 texts: 6/8 done",
+                                                      "embedding 8 texts: 8/8 done"]
+
+
 def test_store_with_hashing_encoder_matches_direct_encoding(tmp_path):
     encoder = HashingEncoder(dim=64)
     texts = ["state: turn 1", "state: turn 2", "state: turn 1"]

@@ -325,17 +325,26 @@ def test_fqe_is_linear_in_lambda_so_two_fits_give_every_lambda():
 
 
 def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over_every_model():
+    """V read from each model's choosing policies only (a column read at most states everywhere, the others at their
+    own states) equals the sum over every model of pi(m | s) Q(s, m), at all states and at a subset's."""
     rng = np.random.default_rng(0)
     num_states, dim, models, channels = 40, 6, 5, 3
     features = rng.normal(size=(num_states, dim)).astype(np.float32)
-    coef = rng.normal(size=(dim, models, 4, channels))
+    coef = rng.normal(size=(dim, models, 5, channels))
     always = lambda m: np.eye(models)[np.full(num_states, m)]                              # (N, M) one-hot
     mixed = rng.dirichlet(np.ones(models), size=num_states) * (rng.random((num_states, models)) < 0.5)
-    targets = np.stack([always(0), always(3), mixed / mixed.sum(1, keepdims=True).clip(1e-9), always(3)])
+    router = np.eye(models)[np.where(rng.random(num_states) < 0.2, 1, 4)]                 # model 1 at ~a fifth
+    targets = np.stack([always(0), always(3), mixed / mixed.sum(1, keepdims=True).clip(1e-9), always(3), router])
     dense = np.einsum("nd,dmpc,pnm->npc", features.astype(np.float64), coef, targets)      # every model's Q, summed
-    chosen_by = fqe.choosers(targets)
-    assert list(chosen_by[3][0]) == [1, 2, 3] and 0 not in chosen_by[1][0]                 # model 3: only those
-    np.testing.assert_allclose(fqe.policy_values(features, coef, chosen_by), dense, rtol=1e-5, atol=1e-5)
+    columns = fqe.Columns.of(targets)
+    assert list(columns.policies[3]) == [1, 2, 3] and 0 not in columns.policies[1]         # model 3: only those
+    sparse = {m: (list(policies), len(states)) for m, policies, states, _ in columns.sparse}
+    assert 4 in sparse[1][0] and sparse[1][1] < num_states                                 # the router's rare model
+    assert all(4 not in policies for m, policies, _ in columns.dense if m == 1)
+    np.testing.assert_allclose(fqe.policy_values(features, coef, columns), dense, rtol=1e-5, atol=1e-5)
+    subset = np.flatnonzero(rng.random(num_states) < 0.6)
+    np.testing.assert_allclose(fqe.policy_values(features[subset], coef, columns.at(subset)), dense[subset],
+                               rtol=1e-5, atol=1e-5)
     action = rng.integers(models, size=num_states)
     np.testing.assert_allclose(fqe.logged_q(features, coef, action),
                                np.einsum("nd,dnpc->npc", features.astype(np.float64), coef[:, action]),
