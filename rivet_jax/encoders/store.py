@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+from absl import logging
 
 from rivet_jax.encoders.base import Encoder, as_text_list, check_encoder_output
 from rivet_jax.progress import Progress
@@ -197,9 +198,10 @@ class EmbeddingStore:
         if not miss_texts:
             return
         vectors = np.empty((len(miss_texts), self.dim), np.float32)  # (M, dim), owned: encoders may reuse buffers
-        # A line every 15 s or so where it takes several calls (the 49-model pool's 154,000 texts: 46 s)
-        progress = Progress(f"embedding {len(miss_texts)} texts", len(miss_texts)) if (
-            len(miss_texts) > ENCODED_PER_CALL) else None
+        progress = None
+        if len(miss_texts) > ENCODED_PER_CALL:  # a line as it starts, then every 15 s or so (the 49-model pool: 45 s)
+            logging.info("embedding %d texts", len(miss_texts))
+            progress = Progress(f"embedding {len(miss_texts)} texts", len(miss_texts))
         for start in range(0, len(miss_texts), ENCODED_PER_CALL):
             texts = miss_texts[start:start + ENCODED_PER_CALL]
             vectors[start:start + len(texts)] = check_encoder_output(self.encoder, self.encoder.encode(texts),
