@@ -119,7 +119,8 @@ class Columns:
                 dense.append((m, wide, targets[wide, :, m].T.astype(np.float32)))
             if narrow.size:
                 states = np.flatnonzero(chooses[narrow, :, m].any(axis=0))
-                sparse.append((m, narrow, states, targets[narrow][:, states, m].T.astype(np.float32)))
+                probability = targets[np.ix_(narrow, states, [m])][..., 0].T.astype(np.float32)    # (S, K)
+                sparse.append((m, narrow, states, probability))
             policies.append(chosen)
         return cls(num_states, num_policies, tuple(dense), tuple(sparse), tuple(policies))
 
