@@ -47,6 +47,7 @@ from rivet_jax.corpus import TrainData, gather_batch
 from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
                                shape_signature, stack, unstack, with_run_rewards)
 from rivet_jax.networks import RivetNet, make_network
+from rivet_jax.progress import Progress
 from rivet_jax.settings import LossWeights, Optim, UpdateRule
 from rivet_jax.stage_run import StageRun
 
@@ -172,6 +173,9 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
         reward, mc_return, lam = (np.asarray(v) for v in (values.reward, values.mc_return, values.lam))  # (R, N)
         runs = np.arange(len(keys))[:, None, None]
         metrics = []
+        # An epoch over a big corpus takes minutes (the 100,000-episode run's: 1.5): a line every 15 s within it
+        progress = Progress(f"{stage} epoch {int(epoch) + 1}, {len(keys)} run(s) (steps)", batches.shape[1],
+                            last=False)
         for start in range(0, batches.shape[1], chunk):
             idx = batches[:, start:start + chunk]                                    # (R, K, b)
             local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx],
@@ -181,6 +185,7 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
             metrics.append(chunk_metrics)
             if len(metrics) > 1:  # one chunk in flight: unbounded, dispatch runs ahead and holds every gathered one
                 jax.block_until_ready(metrics[-2])
+                progress.step(chunk)  # the chunk before this one is done
         metrics = jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
         return states, metrics, batches
 

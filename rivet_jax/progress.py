@@ -19,15 +19,16 @@ class Progress:
     one unreadable line there)."""
 
     def __init__(self, what: str, total: int, every_s: float = 15.0, clock: Callable[[], float] = time.perf_counter,
-                 log: Callable[..., None] = logging.info):
+                 log: Callable[..., None] = logging.info, last: bool = True):
         self.what, self.total, self.every_s, self.clock, self.log = what, total, every_s, clock, log
+        self.last = last  # False: no line for the last unit unless it is due anyway (a caller that reports the end)
         self.done, self.started = 0, clock()
         self.logged_at = self.started
 
     def step(self, units: int = 1) -> None:
         self.done += units
         now = self.clock()
-        if now - self.logged_at < self.every_s and self.done < self.total:
+        if now - self.logged_at < self.every_s and (self.done < self.total or not self.last):
             return
         self.logged_at = now
         elapsed = now - self.started

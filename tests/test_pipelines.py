@@ -1,6 +1,7 @@
 """RouteSim end to end through the launchers: collect -> offline training -> evaluation against the oracle."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,42 @@ def test_progress_logs_rate_limited_lines_with_an_eta():
     # 5 s and 10 s are inside the first 20 s (quiet); 30 s logs (3 done, 10 s each, 2 left -> 20 s); 35 s is quiet;
     # the last unit always logs.
     assert lines == ["runs: 3/5 done, 30s elapsed, about 20s left", "runs: 5/5 done, 40s elapsed, about 0s left"]
+
+
+def test_progress_without_a_last_line_stays_quiet_at_the_end_unless_a_line_is_due():
+    """`last=False` (a caller that reports the end itself, e.g. an epoch's own line): the last unit logs only when
+    `every_s` has passed."""
+    from rivet_jax.progress import Progress
+
+    for end, expected in ((12.0, []), (25.0, ["steps: 3/3 done, 25s elapsed, about 0s left"])):
+        now, lines = [0.0], []
+        progress = Progress("steps", total=3, every_s=20.0, clock=lambda: now[0],
+                            log=lambda fmt, *a: lines.append(fmt % a), last=False)
+        for t in (4.0, 8.0, end):
+            now[0] = t
+            progress.step()
+        assert lines == expected
+
+
+def test_a_host_fed_epoch_reports_its_steps_as_it_goes(monkeypatch, tmp_path):
+    """An epoch gathered on the host (the 100,000-episode run's: 1.5 minutes) logs how many of its steps are done,
+    the chunk before the one in flight, rate-limited like every progress line (here every chunk)."""
+    from configs import default
+    from rivet_jax import engine, train
+    from rivet_jax.progress import Progress
+    from rivet_jax.settings import with_overrides
+
+    lines = []
+    monkeypatch.setattr(engine, "Progress", lambda what, total, last: Progress(
+        what, total, every_s=0.0, log=lambda fmt, *a: lines.append(fmt % a), last=last))
+    config = with_overrides(default.get_config("tiny"), {"stage": "mc", "data.demo": True,
+                                                         "data.embeddings_on_disk": True, "data.host_chunk_steps": 2})
+    train.train(config, tmp_path / "w")
+    first = [re.fullmatch(r"mc epoch 1, 1 run\(s\) \(steps\): (\d+)/(\d+) done, .*", line) for line in lines
+             if line.startswith("mc epoch 1,")]
+    assert first and all(first), lines
+    done, total = [int(m[1]) for m in first], int(first[0][2])
+    assert done == list(range(2, total, 2)), (done, total)   # every chunk of 2 but the last, reported as it ends
 
 
 def test_phases_record_seconds_and_the_peak_resident_memory():
