@@ -70,11 +70,11 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
         weighted = x * weights[rows, None]
         solutions.append(np.linalg.solve(x.T @ weighted + penalty, weighted.T))                    # (D, R_m)
     narrow = features.astype(np.float32)  # for `policy_values`
-    at_kept = columns.at(kept)
+    narrow_kept, at_kept = narrow[kept], columns.at(kept)
     following = np.where(terminal, 0, np.arange(len(kept)) + 1)                                    # next state's row
     coef = np.zeros((dim, num_models, num_policies, logs.reward.shape[1]))                         # (D, M, P, C)
     for i in range(iterations):
-        value = policy_values(narrow[kept], coef, at_kept)                                         # (N', P, C)
+        value = policy_values(narrow_kept, coef, at_kept)                                          # (N', P, C)
         future = value[following]
         future[terminal] = 0.0
         y = reward[:, None, :] + logs.discount[None, None, :] * future                              # (N', P, C)
@@ -101,9 +101,10 @@ class Columns:
 
     num_states: int
     num_policies: int
-    dense: tuple     # per model with such columns: (m, policies (K,), probability (N, K) float32)
-    sparse: tuple    # per model with such columns: (m, policies (K,), states (S,), probability (S, K) float32)
-    policies: tuple  # per model m: the policies of both kinds (K_m,), ascending
+    dense: tuple                  # per model with such columns: (m, policies (K_m,))
+    dense_probability: np.ndarray  # (N, K) float32, those columns side by side in that order
+    sparse: tuple                 # per model with such columns: (m, policies (K,), states (S,), probability (S, K))
+    policies: tuple               # per model m: the policies of both kinds (K_m,), ascending
 
     @classmethod
     def of(cls, targets: np.ndarray) -> "Columns":
@@ -111,18 +112,20 @@ class Columns:
         num_policies, num_states, num_models = targets.shape
         chooses = targets > 0
         share = chooses.mean(axis=1)                                                               # (P, M)
-        dense, sparse, policies = [], [], []
+        dense, dense_probability, sparse, policies = [], [np.zeros((num_states, 0), np.float32)], [], []
         for m in range(num_models):
             chosen = np.flatnonzero(share[:, m] > 0)
             wide, narrow = chosen[share[chosen, m] > SPARSE], chosen[share[chosen, m] <= SPARSE]
             if wide.size:
-                dense.append((m, wide, targets[wide, :, m].T.astype(np.float32)))
+                dense.append((m, wide))
+                dense_probability.append(targets[wide, :, m].T.astype(np.float32))
             if narrow.size:
                 states = np.flatnonzero(chooses[narrow, :, m].any(axis=0))
                 probability = targets[np.ix_(narrow, states, [m])][..., 0].T.astype(np.float32)    # (S, K)
                 sparse.append((m, narrow, states, probability))
             policies.append(chosen)
-        return cls(num_states, num_policies, tuple(dense), tuple(sparse), tuple(policies))
+        return cls(num_states, num_policies, tuple(dense), np.concatenate(dense_probability, axis=1), tuple(sparse),
+                   tuple(policies))
 
     def at(self, states: np.ndarray) -> "Columns":
         """The same columns read at `states` (ascending indices) only."""
@@ -133,8 +136,8 @@ class Columns:
             kept = position[rows] >= 0
             if kept.any():
                 sparse.append((m, policies, position[rows[kept]], probability[kept]))
-        dense = tuple((m, policies, probability[states]) for m, policies, probability in self.dense)
-        return Columns(len(states), self.num_policies, dense, tuple(sparse), self.policies)
+        return Columns(len(states), self.num_policies, self.dense, self.dense_probability[states], tuple(sparse),
+                       self.policies)
 
 
 def policy_values(features: np.ndarray, coef: np.ndarray, columns: Columns) -> np.ndarray:
@@ -146,11 +149,11 @@ def policy_values(features: np.ndarray, coef: np.ndarray, columns: Columns) -> n
     num_states, channels, num_policies = features.shape[0], coef.shape[-1], columns.num_policies
     value = np.zeros((num_states, num_policies, channels), np.float32)
     if columns.dense:
-        wide = np.concatenate([coef[:, m, policies].transpose(0, 2, 1) for m, policies, _ in columns.dense],
+        wide = np.concatenate([coef[:, m, policies].transpose(0, 2, 1) for m, policies in columns.dense],
                               axis=2).reshape(coef.shape[0], -1).astype(np.float32)  # (D, C K), rows reshape to (C, K)
-        owner = np.concatenate([policies for _, policies, _ in columns.dense])                # (K,) the policy of each
-        probability = np.concatenate([p for *_, p in columns.dense], axis=1)                  # (N, K)
-        weighted = (features @ wide).reshape(num_states, channels, len(owner)) * probability[:, None, :]  # (N, C, K)
+        owner = np.concatenate([policies for _, policies in columns.dense])                   # (K,) the policy of each
+        weighted = (features @ wide).reshape(num_states, channels, len(owner)) * (                       # (N, C, K)
+            columns.dense_probability[:, None, :])
         summed = weighted.reshape(-1, len(owner)) @ np.eye(num_policies, dtype=np.float32)[owner]   # (N C, P)
         value += summed.reshape(num_states, channels, num_policies).transpose(0, 2, 1)
     for m, policies, states, probability in columns.sparse:

@@ -340,7 +340,7 @@ def test_policy_values_from_the_choosing_policies_alone_equal_the_dense_sum_over
     assert list(columns.policies[3]) == [1, 2, 3] and 0 not in columns.policies[1]         # model 3: only those
     sparse = {m: (list(policies), len(states)) for m, policies, states, _ in columns.sparse}
     assert 4 in sparse[1][0] and sparse[1][1] < num_states                                 # the router's rare model
-    assert all(4 not in policies for m, policies, _ in columns.dense if m == 1)
+    assert all(4 not in policies for m, policies in columns.dense if m == 1)
     np.testing.assert_allclose(fqe.policy_values(features, coef, columns), dense, rtol=1e-5, atol=1e-5)
     subset = np.flatnonzero(rng.random(num_states) < 0.6)
     np.testing.assert_allclose(fqe.policy_values(features[subset], coef, columns.at(subset)), dense[subset],
