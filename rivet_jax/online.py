@@ -9,9 +9,9 @@
 
 The environment is any `envs.base.Env` (RouteSim is one). The runs of a run group (a solo run is a group of one)
 adapt in lockstep: trajectory k of every run is one batched rollout (each run's own router and exploration draws,
-scored in one vmapped call, `router.RouterGroup`), every update step is one vmapped call over the runs (a run whose
-episode was shorter sits the extra steps out), and validations of all runs are one batched rollout. Each run keeps
-its own checkpoints.
+scored in one vmapped call, `router.RouterGroup`), every update step is one vmapped call over a chunk of runs (a
+run whose episode was shorter sits the extra steps out; a CPU's chunks of one run step side by side, one per core,
+`engine.in_threads`), and validations of all runs are one batched rollout. Each run keeps its own checkpoints.
 
 The new replay lives on device in arrays (R, capacity, ...) of embedding vectors; adding a transition changes no
 shape, and a chunk's capacity doubles when it fills (one more compile each time, at most a few per run: most runs
@@ -38,7 +38,7 @@ from rivet_jax.corpus import PreparedData, TrainData, gather_batch
 from rivet_jax.data.replay import Batch, Reward, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
-from rivet_jax.engine import runs_per_step
+from rivet_jax.engine import in_threads, runs_per_step
 from rivet_jax.envs.base import Env, GroupMember, run_episodes
 from rivet_jax.learner import (STAGE_IDS, RunValues, TrainState, from_saveable, grouped, init_train_state,
                                make_optimizer, make_update, run_values, saveable, shape_signature,
@@ -378,18 +378,25 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
             chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
                                             jnp.int32(num_new[r]))
             lengths[r] = len(episode.turns)
-        losses = np.zeros((int(lengths.max()), len(runs)))                                  # (T, R)
-        pending = []
-        for j in range(int(lengths.max())):  # one gradient update per new transition; idle chunks skipped
-            stepping = lengths > j
-            num_new = num_new + stepping
-            for c, rs in enumerate(chunks.members):
+        steps = [(lengths > j, num_new + np.minimum(lengths, j + 1)) for j in range(int(lengths.max()))]
+        num_new = num_new + lengths
+
+        def step_chunk(c: int) -> list[np.ndarray]:
+            """Chunk c's updates, one per new transition of its runs (those whose episode ended sit out); the
+            chunks step side by side (`engine.in_threads`), each its own state."""
+            rs, out = chunks.members[c], []
+            for stepping, new_rows in steps:
                 if stepping[rs].any():
                     chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c], chunks.replays[c],
-                                                       jnp.asarray(num_new[rs], jnp.int32), jnp.asarray(stepping[rs]))
-                    pending.append((j, rs, metrics["loss"]))
-        for j, rs, loss in pending:  # read back once, after every update of the trajectory was dispatched
-            losses[j, rs] = np.where(lengths[rs] > j, np.asarray(loss), 0.0)
+                                                       jnp.asarray(new_rows[rs], jnp.int32), jnp.asarray(stepping[rs]))
+                    out.append(metrics["loss"])
+            return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
+
+        losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
+        for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members))):
+            rs = chunks.members[c]
+            for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any of its runs does
+                losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
         for r in active:
             runs[r].progress.trajectories += 1
             steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
