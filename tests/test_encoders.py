@@ -6,9 +6,11 @@ hashlib directly, not by calling the encoder's own helpers.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -369,6 +371,52 @@ def test_encoding_a_state_by_its_blocks_is_bit_for_bit_encoding_its_text():
     blocks = [state_blocks("Task ΣΑΣ", turns[:t], encoder.count_tokens, 40) for t in range(7)]
     np.testing.assert_array_equal(encode_states(encoder, blocks),
                                   encoder.encode([BLOCK_SEPARATOR.join(b) for b in blocks]))
+
+
+def reference_hashing_vectors(texts: list[str], dim: int, ngram_range: tuple[int, int]) -> np.ndarray:
+    """The module docstring's rule computed the plain way, as the encoder did before it counted features as ids:
+    the n-gram strings in a Counter, each feature's sign * (1 + ln count) added into its bucket in the order the
+    features first occur (float64), rows normalised, then cast to float32."""
+    from rivet_jax.encoders.base import l2_normalise_rows
+    from rivet_jax.encoders.hashing import TOKEN_PATTERN
+
+    low, high = ngram_range
+    rows = np.zeros((len(texts), dim))
+    for row, text in enumerate(texts):
+        tokens = re.findall(TOKEN_PATTERN, text.lower())
+        counts = collections.Counter(" ".join(tokens[i:i + n]) for n in range(low, high + 1)
+                                     for i in range(len(tokens) - n + 1))
+        hashes = [int.from_bytes(hashlib.blake2b(f.encode("utf-8"), digest_size=8).digest(), "little")
+                  for f in counts]
+        buckets = np.array([h % dim for h in hashes], np.int64)
+        signs = np.array([-1.0 if h >> 63 else 1.0 for h in hashes])
+        weights = signs * (1.0 + np.log(np.array(list(counts.values()), np.float64)))
+        rows[row] = np.bincount(buckets, weights=weights, minlength=dim) if counts else 0.0
+    return l2_normalise_rows(rows).astype(np.float32)
+
+
+@pytest.mark.parametrize("ngram_range", [(1, 2), (1, 1), (1, 3), (2, 3)])
+def test_vectors_are_bit_for_bit_the_rule_counted_as_strings(ngram_range, monkeypatch):
+    """Counting features as ids (and making each block's once) changes no bit of any vector: texts whose blocks
+    repeat, n-grams across blocks, single-token and empty blocks, Greek final sigma, and a vocabulary that starts
+    afresh midway (its cached blocks forgotten with it)."""
+    from rivet_jax.data.serialize import BLOCK_SEPARATOR
+    from rivet_jax.encoders import hashing
+
+    rng = np.random.default_rng(1)
+    words = ["a", "b", "Σ", "ΟΔΟΣ", "x.", ",", "the", "Straße", "İ", "7", "q!", "", "\n", "  "]
+    blocks = ["".join(rng.choice(words, size=rng.integers(0, 8))) for _ in range(40)] + ["", "solo", "ΣΑ"]
+    texts = [BLOCK_SEPARATOR.join(rng.choice(blocks, size=rng.integers(1, 6))) for _ in range(300)]
+    texts += ["", "one", "a\n\n\nb", "end.\n\n!start", "a a a a b a a"]
+    expected = reference_hashing_vectors(texts, 5, ngram_range)   # 5 buckets: each sums many features
+    encoder = HashingEncoder(dim=5, ngram_range=ngram_range)
+    np.testing.assert_array_equal(encoder.encode(texts), expected)
+    np.testing.assert_array_equal(encoder.encode(texts[::-1]), expected[::-1])   # every block cached now
+    monkeypatch.setattr(hashing, "MAX_MEMO_ENTRIES", 30)
+    monkeypatch.setattr(hashing, "_STATE_VECTORS", hashing._StateVectors())
+    fresh = HashingEncoder(dim=5, ngram_range=ngram_range)
+    np.testing.assert_array_equal(fresh.encode_blocks([t.split(BLOCK_SEPARATOR) for t in texts]), expected)
+    assert len(fresh._vocabulary) < 200   # started afresh on the way
 
 
 def test_the_block_token_cache_is_bounded(monkeypatch):

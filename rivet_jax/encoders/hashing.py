@@ -23,9 +23,8 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
-from itertools import filterfalse
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -36,12 +35,12 @@ TOKEN_PATTERN = r"\w+|[^\w\s]"
 # Bump whenever the rule in the module docstring changes: the version is in
 # the fingerprint, so on-disk caches of old vectors stop being reused.
 HASHING_VERSION = 1
-# The memo is cleared when it reaches this many features, bounding memory on
-# huge corpora while keeping the common (repeating) features hot.
+# The vocabulary (every feature met, with its hash) starts afresh past this many features, bounding memory on huge
+# corpora while keeping the common (repeating) features hot.
 MAX_MEMO_ENTRIES = 2**21
-# Tokens of recently seen state blocks, up to this many tokens in all (least recently used dropped first):
+# Features of recently seen blocks, up to this many tokens in all (least recently used dropped first):
 # serialization counts the tokens of every block of a state, and the states of a growing conversation repeat
-# their blocks, so each is tokenized once (`count_tokens`, `encode_blocks`).
+# their blocks, so each is tokenized once (`count_tokens`, `encode`, `encode_blocks`).
 BLOCK_CACHE_TOKENS = 2**20
 # Vectors of recently encoded states (`encode_blocks`), up to this many bytes in all, shared by every encoder of one
 # fingerprint (least recently used dropped first): batched rollouts score the same state many times (every policy's
@@ -99,15 +98,73 @@ def unpack_bucket_and_sign(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes >> 1, 1.0 - 2.0 * (codes & 1)
 
 
-def ngrams(tokens: Sequence[str], n: int) -> Iterator[str]:
-    """Every run of `n` consecutive tokens, joined with a single space."""
-    return map(" ".join, zip(*(tokens[i:] for i in range(n))))
+class _Vocabulary:
+    """Integer ids for the features (tokens and n-grams) met so far, and each one's packed (bucket, sign) code: a
+    text's features are then counted as ids with numpy, and every distinct feature is hashed once. An n-gram's id
+    is keyed by its first n - 1 tokens' id and its last token's id (no token holds a space, so that pair and the
+    n-gram's text determine each other)."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self.ids: dict[str | int, int] = {}   # token -> id; (prefix id << 32) | last token's id -> n-gram id
+        self.texts: list[str] = []             # id -> the feature as hashed
+        self.codes = np.zeros(4096, np.int64)  # id -> pack_bucket_and_sign of its text
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def _add(self, key: str | int, text: str) -> int:
+        new = len(self.texts)
+        if new == len(self.codes):
+            self.codes = np.concatenate([self.codes, np.zeros_like(self.codes)])
+        self.codes[new] = pack_bucket_and_sign(*feature_bucket_and_sign(text, self.dim))
+        self.ids[key] = new
+        self.texts.append(text)
+        return new
+
+    def token_ids(self, tokens: Sequence[str]) -> np.ndarray:
+        """(T,) int64 ids of `tokens`."""
+        return self._ids(tokens, lambda token: token)
+
+    def extended(self, prefixes: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """(K,) int64 ids of the n-grams made of the (n - 1)-grams `prefixes` (K,) followed by the tokens `last`."""
+        return self._ids(((prefixes << 32) | last).tolist(),
+                         lambda key: f"{self.texts[key >> 32]} {self.texts[key & 0xFFFFFFFF]}")
+
+    def _ids(self, keys: list, text_of: Callable[[str | int], str]) -> np.ndarray:
+        found = list(map(self.ids.get, keys))
+        try:   # the new features, found by C scans (one may repeat: added at its first place only)
+            new = found.index(None)
+            while True:
+                key = keys[new]
+                found[new] = self.ids[key] if key in self.ids else self._add(key, text_of(key))
+                new = found.index(None, new + 1)
+        except ValueError:   # none left
+            pass
+        return np.array(found, np.int64).reshape(len(keys))
+
+
+class _Block:
+    """One block's features: its tokens' ids (T,) and, for n = 2 .. the encoder's largest n, the ids of its own
+    n-grams (T - n + 1,), those within the block (a state's n-grams across its blocks are made per state)."""
+
+    def __init__(self, tokens: np.ndarray, vocabulary: _Vocabulary, largest: int):
+        self.ngrams = [tokens]   # ngrams[n - 1]: the block's n-grams
+        for n in range(2, largest + 1):
+            shorter = self.ngrams[-1]
+            self.ngrams.append(vocabulary.extended(shorter[:-1], tokens[n - 1:]) if len(shorter) > 1
+                               else np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.ngrams[0])
 
 
 class HashingEncoder:
     """Signed feature hashing of word n-grams with sublinear tf, L2-normalised.
 
-    See the module docstring for the exact rule.
+    See the module docstring for the exact rule. The features are counted as integer ids (`_Vocabulary`), each
+    block's tokens and n-grams made once (`_Block`, cached): the same vectors, bit for bit, as counting the joined
+    n-gram strings (tests/test_encoders.py keeps that reference).
     """
 
     name = "hashing"
@@ -124,12 +181,10 @@ class HashingEncoder:
         self.ngram_range = (low, high)
         self.lowercase = bool(lowercase)
         self._token_regex = re.compile(TOKEN_PATTERN)
-        # feature -> packed (bucket, sign); texts repeat features a lot, and
-        # the hash is the costliest step per feature.
-        self._memo: dict[str, int] = {}
-        self._blocks: OrderedDict[str, tuple[str, ...]] = OrderedDict()   # block text -> its tokens (LRU)
+        self._vocabulary = _Vocabulary(self.dim)
+        self._blocks: OrderedDict[str, _Block] = OrderedDict()   # block text -> its features (LRU)
         self._cached_tokens = 0
-        self._blocks_lock = threading.Lock()
+        self._lock = threading.Lock()   # the vocabulary and the block cache are shared by every caller
 
     @property
     def fingerprint(self) -> str:
@@ -147,19 +202,18 @@ class HashingEncoder:
         return self._token_regex.findall(text)
 
     def count_tokens(self, text: str) -> int:
-        return len(self._block_tokens(text))
+        with self._lock:
+            return len(self._block(text))
 
-    def features(self, text: str) -> list[str]:
-        """All n-gram features of `text` for n in ngram_range, with repeats."""
-        return self._features_of(self.tokenize(text))
-
-    def _features_of(self, tokens: Sequence[str]) -> list[str]:
-        low, high = self.ngram_range
-        return [feature for n in range(low, high + 1) for feature in ngrams(tokens, n)]
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """(N, dim) float32, row i the L2-normalised hashed features of texts[i]. Each text is read as its blocks
+        (split at BLOCK_SEPARATOR, see `encode_blocks`): blocks that repeat across texts (a conversation's states)
+        are tokenized once."""
+        return self._vectors([text.split(BLOCK_SEPARATOR) for text in as_text_list(texts)])
 
     def encode_blocks(self, states: Sequence[Sequence[str]]) -> np.ndarray:
         """`encode` of each state's blocks joined by BLOCK_SEPARATOR (`data.serialize.state_blocks`), the same vectors
-        bit for bit, with each block's tokens reused from the cache: no token spans the whitespace separator, and
+        bit for bit, with each block's features reused from the cache: no token spans the whitespace separator, and
         lowercasing a block alone equals lowercasing it inside the joined text (the separator ends every case
         context), so the joined text's tokens are the blocks' tokens in order. A state encoded lately (by any encoder
         of this fingerprint) is read from the process's state cache (`STATE_CACHE_BYTES`)."""
@@ -169,72 +223,67 @@ class HashingEncoder:
                 for blocks in states]
         found = _STATE_VECTORS.get(keys)
         misses = {key: blocks for key, blocks in zip(keys, states) if key not in found}
-        vectors = np.zeros((len(misses), self.dim), dtype=np.float64)  # (U, dim)
-        for row, blocks in enumerate(misses.values()):
-            tokens = [token for block in blocks for token in self._block_tokens(block)]
-            vectors[row] = self._vector_of(self._features_of(tokens))
-        fresh = list(zip(misses, l2_normalise_rows(vectors).astype(np.float32)))
+        fresh = list(zip(misses, self._vectors(list(misses.values()))))
         found.update(fresh)
         _STATE_VECTORS.put(fresh)
         return np.array([found[key] for key in keys], np.float32).reshape(len(keys), self.dim)  # (N, dim), owned
 
-    def _block_tokens(self, block: str) -> tuple[str, ...]:
-        """The tokens of `block`, from the LRU cache or tokenized now (and cached while the budget allows)."""
-        with self._blocks_lock:
-            tokens = self._blocks.get(block)
-            if tokens is not None:
-                self._blocks.move_to_end(block)
-                return tokens
-        tokens = tuple(self.tokenize(block))
-        with self._blocks_lock:
-            if block not in self._blocks and len(tokens) <= BLOCK_CACHE_TOKENS:
-                self._blocks[block] = tokens
-                self._cached_tokens += len(tokens)
-                while self._cached_tokens > BLOCK_CACHE_TOKENS:
-                    _, dropped = self._blocks.popitem(last=False)
-                    self._cached_tokens -= len(dropped)
-        return tokens
-
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """(N, dim) float32, row i the L2-normalised hashed features of texts[i]."""
-        text_list = as_text_list(texts)
-        vectors = np.zeros((len(text_list), self.dim), dtype=np.float64)  # (N, dim)
-        for row, text in enumerate(text_list):
-            vectors[row] = self._unnormalised_vector(text)
-        # Normalise in float64 and cast once, so rounding does not depend on
-        # how many features a text has.
+    def _vectors(self, states: Sequence[Sequence[str]]) -> np.ndarray:
+        """(N, dim) float32 vectors of states given as their blocks."""
+        vectors = np.zeros((len(states), self.dim), dtype=np.float64)  # (N, dim)
+        with self._lock:
+            for row, blocks in enumerate(states):
+                if len(self._vocabulary) > MAX_MEMO_ENTRIES:   # bounded memory; never midway through a state
+                    self._forget()
+                vectors[row] = self._unnormalised_vector([self._block(block) for block in blocks])
+        # Normalise in float64 and cast once, so rounding does not depend on how many features a text has.
         return l2_normalise_rows(vectors).astype(np.float32)
 
-    def _unnormalised_vector(self, text: str) -> np.ndarray:
-        """(dim,) float64 sum of sign * (1 + ln count) over the features of `text`."""
-        return self._vector_of(self.features(text))
-
-    def _vector_of(self, features: list[str]) -> np.ndarray:
-        counts = Counter(features)
-        num_features = len(counts)
-        if num_features == 0:
-            return np.zeros(self.dim)
-        memo = self._memo
-        # filterfalse over the builtin lookup finds unseen features in C.
-        # (Not `counts.keys() - memo.keys()`: that walks the whole memo.)
-        unseen = list(filterfalse(memo.__contains__, counts))
-        if unseen:
-            self._remember(unseen)
-        # map() over the builtin lookup keeps this per-feature loop in C; it
-        # is the hot path when encoding thousands of long texts.
-        codes = np.fromiter(map(memo.__getitem__, counts), dtype=np.int64, count=num_features)  # (F,)
-        tf_weights = 1.0 + np.log(np.fromiter(counts.values(), dtype=np.float64, count=num_features))  # (F,)
-        buckets, signs = unpack_bucket_and_sign(codes)
+    def _unnormalised_vector(self, blocks: Sequence[_Block]) -> np.ndarray:
+        """(dim,) float64 sum of sign * (1 + ln count) over the features of the blocks' joined text, added in the
+        order the features first occur (n-grams by n, then by position): the order the rule's Counter has."""
+        low, high = self.ngram_range
+        lengths = [len(block) for block in blocks]
+        starts = np.cumsum([0] + lengths[:-1])
+        ngrams = [np.concatenate([np.zeros(0, np.int64)] + [block.ngrams[0] for block in blocks])]  # [n - 1]: (T-n+1,)
+        for n in range(2, high + 1):
+            count = max(len(ngrams[0]) - n + 1, 0)
+            ids, within = np.zeros(count, np.int64), np.zeros(count, bool)
+            for start, block in zip(starts, blocks):
+                own = block.ngrams[n - 1]
+                ids[start:start + len(own)], within[start:start + len(own)] = own, True
+            across = np.flatnonzero(~within)   # the n-grams that span a block boundary
+            if across.size:
+                ids[across] = self._vocabulary.extended(ngrams[-1][across], ngrams[0][across + n - 1])
+            ngrams.append(ids)
+        features = np.concatenate(ngrams[low - 1:high])                                        # (F,) with repeats
+        distinct, first, counts = np.unique(features, return_index=True, return_counts=True)
+        order = np.argsort(first)
+        buckets, signs = unpack_bucket_and_sign(self._vocabulary.codes[distinct[order]])
+        tf_weights = 1.0 + np.log(counts[order].astype(np.float64))                           # (U,)
         return np.bincount(buckets, weights=signs * tf_weights, minlength=self.dim)
 
-    def _remember(self, features: list[str]) -> None:
-        """Hash `features` into the memo, clearing it first if it would overflow."""
-        # Clear before adding, never midway, so every feature of the text
-        # being encoded is in the memo when it is read back.
-        if len(self._memo) + len(features) > MAX_MEMO_ENTRIES:
-            self._memo.clear()
-        for feature in features:
-            self._memo[feature] = pack_bucket_and_sign(*feature_bucket_and_sign(feature, self.dim))
+    def _block(self, block: str) -> _Block:
+        """The features of `block`, from the LRU cache or made now (and cached while the budget allows). The caller
+        holds the lock."""
+        found = self._blocks.get(block)
+        if found is not None:
+            self._blocks.move_to_end(block)
+            return found
+        made = _Block(self._vocabulary.token_ids(self.tokenize(block)), self._vocabulary, self.ngram_range[1])
+        if len(made) <= BLOCK_CACHE_TOKENS:
+            self._blocks[block] = made
+            self._cached_tokens += len(made)
+            while self._cached_tokens > BLOCK_CACHE_TOKENS:
+                _, dropped = self._blocks.popitem(last=False)
+                self._cached_tokens -= len(dropped)
+        return made
+
+    def _forget(self) -> None:
+        """A fresh vocabulary, and no cached block (their ids were the old vocabulary's)."""
+        self._vocabulary = _Vocabulary(self.dim)
+        self._blocks.clear()
+        self._cached_tokens = 0
 
     def __repr__(self) -> str:
         return f"HashingEncoder(dim={self.dim}, ngram_range={self.ngram_range}, lowercase={self.lowercase})"
