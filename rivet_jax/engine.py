@@ -117,7 +117,7 @@ def make_group_epoch(net: RivetNet, tx, config, stage: str, mesh=None) -> Callab
     size: a job's groups of 2, 4 and 8 runs compiled three programs per stage."""
     run_epoch = make_run_epoch(net, tx, config, stage, mesh)
     if runs_in_turn(config, mesh):
-        return _in_turn(jax.jit(run_epoch, donate_argnums=0))
+        return _in_turn(jax.jit(run_epoch, donate_argnums=0), side_by_side(mesh))
 
     @functools.partial(jax.jit, donate_argnums=0)
     def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
@@ -131,26 +131,32 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def in_threads(work: Callable[[int], T], count: int) -> list[T]:
+def side_by_side(mesh) -> bool:
+    """Whether runs' programs may run at once (`in_threads`): on one device. Programs over several devices meet in
+    collectives, which programs interleaved across threads could leave waiting on each other."""
+    return mesh is None or mesh.size == 1
+
+
+def in_threads(work: Callable[[int], T], count: int, threads: bool = True) -> list[T]:
     """[work(0), ..., work(count - 1)], as many at a time as there are cores (`work` blocks until its programs are
-    done). One small run's program keeps about 1.35 of 2 cores busy (its ops are too small to split well); two at
-    once fill them: 1.4x the steps per second on 2 cores (a RouteSim group of 4 runs' MC and TD epochs). XLA's
-    intra-op pool splits every op the same way whichever thread calls it, so each run's arithmetic, and its result,
-    is bit for bit the same as one after another (tests/test_run_group.py)."""
-    if count <= 1 or cores() == 1:
+    done; `threads` False: one after another). One small run's program keeps about 1.35 of 2 cores busy (its ops
+    are too small to split well); two at once fill them: 1.4x the steps per second on 2 cores (a RouteSim group of
+    4 runs' MC and TD epochs). XLA's intra-op pool splits every op the same way whichever thread calls it, so each
+    run's arithmetic, and its result, is bit for bit the same as one after another (tests/test_run_group.py)."""
+    if count <= 1 or cores() == 1 or not threads:
         return [work(i) for i in range(count)]
     with concurrent.futures.ThreadPoolExecutor(min(count, cores())) as pool:
         return list(pool.map(work, range(count)))
 
 
-def _in_turn(run_epoch: Callable) -> Callable:
+def _in_turn(run_epoch: Callable, threads: bool) -> Callable:
     """A group epoch from a jit'ed one-run epoch (its `program`): each run's state and values taken from the
-    stacked ones and stepped (`in_threads`: as many runs at once as there are cores), and stacked again; metrics
-    and batches come back on the host."""
+    stacked ones and stepped (`in_threads`: with `threads`, as many runs at once as there are cores), and stacked
+    again; metrics and batches come back on the host."""
     def group_epoch(states: TrainState, data: TrainData, values: RunValues, epoch: jax.Array):
         num_runs = int(jax.tree.leaves(values)[0].shape[0])
         ended = in_threads(lambda r: jax.block_until_ready(run_epoch(unstack(states, r), unstack(values, r), data,
-                                                                     epoch)), num_runs)
+                                                                     epoch)), num_runs, threads)
         metrics = jax.tree.map(lambda *m: np.stack(m), *[e[1] for e in ended])
         return stack([e[0] for e in ended]), metrics, np.stack([e[2] for e in ended])
 

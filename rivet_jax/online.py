@@ -38,7 +38,7 @@ from rivet_jax.corpus import PreparedData, TrainData, gather_batch
 from rivet_jax.data.replay import Batch, Reward, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
 from rivet_jax.encoders import Encoder
-from rivet_jax.engine import in_threads, runs_per_step
+from rivet_jax.engine import in_threads, runs_per_step, side_by_side
 from rivet_jax.envs.base import Env, GroupMember, run_episodes
 from rivet_jax.learner import (STAGE_IDS, RunValues, TrainState, from_saveable, grouped, init_train_state,
                                make_optimizer, make_update, run_values, saveable, shape_signature,
@@ -393,7 +393,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
             return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
 
         losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
-        for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members))):
+        for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members), side_by_side(mesh))):
             rs = chunks.members[c]
             for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any of its runs does
                 losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
