@@ -20,7 +20,8 @@ with exactly the parameters of an uninterrupted one.
 Where the work goes (`sharding.py`): on a mesh of N devices the runs split over `runs_axis_size(R, N)` shards and
 every run's batch over the remaining devices (one run: pure data parallelism). Within a shard, a CPU runs each
 run's own program, one per core at a time (`learner.runs_vmapped`: 27 vmapped runs measured 0.8x one run's
-steps/s on 2 cores; `in_threads`), and an accelerator vmaps them into every step. Two ways to feed the update, chosen by where `TrainData` lives:
+steps/s on 2 cores; `in_threads`), and an accelerator vmaps them into every step. Two ways to feed the update,
+chosen by where `TrainData` lives:
 
 - device-resident: the replay and the embedding table are jax arrays (replicated over the mesh); an epoch is one
   jit call that shuffles, gathers and scans.

@@ -15,8 +15,9 @@ run whose episode was shorter sits the extra steps out; a CPU's chunks of one ru
 
 The new replay lives on device in arrays (R, capacity, ...) of embedding vectors; adding a transition changes no
 shape, and a chunk's capacity doubles when it fills (one more compile each time, at most a few per run: most runs
-stop early, and room for every pass held ~150 MB per run that they never filled). Progress (state, the new replay's filled rows, counters)
-is checkpointed per run at every validation under stage "online_progress", so a killed run resumes where it was.
+stop early, and room for every pass held ~150 MB per run that they never filled). Progress (state, the new
+replay's filled rows, counters) is checkpointed per run at every validation under stage "online_progress", so a
+killed run resumes where it was.
 """
 
 from __future__ import annotations
