@@ -186,7 +186,8 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
     one process), gathers `config.data.host_chunk_steps` batches at a time with numpy, each run's rows with its own
     rewards, and runs them as one jit'ed scan on the global batches its rows are part of. Dispatch is asynchronous,
     so the host gathers the next chunk while the devices run this one, and waits for the one before: at most two
-    chunks are held (the 100,000-episode run's peak, where the host outran the devices)."""
+    chunks are held (the 100,000-episode run's peak, where the host outran the devices). On one CPU device the runs
+    go through a one-run program side by side (`in_threads`), each with its own chunks."""
     batch_size, chunk = config.optim.batch_size, config.data.host_chunk_steps
     num_slices, slice_index = jax.process_count(), jax.process_index()
     shuffle = jax.jit(sharding.epoch_batches, static_argnums=(1, 2, 3, 4))
@@ -202,22 +203,32 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
         cards = sharding.replicate(tuple(np.asarray(c, np.float32) for c in data.cards()), mesh)  # compile twice
         weights = sharding.replicate(values.weights, mesh)
         reward, mc_return, lam = (np.asarray(v) for v in (values.reward, values.mc_return, values.lam))  # (R, N)
-        runs = np.arange(len(keys))[:, None, None]
-        metrics = []
         # An epoch over a big corpus takes minutes (the 100,000-episode run's TD epochs: 97 s): a line every 15 s
         progress = Progress(f"{stage} epoch {int(epoch) + 1}, {len(keys)} run(s) (steps)", batches.shape[1],
                             last=False)
-        for start in range(0, batches.shape[1], chunk):
-            idx = batches[:, start:start + chunk]                                    # (R, K, b)
-            local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx],
-                                                     lam=lam[runs, idx])
-            states, chunk_metrics = group_chunk(states, sharding.global_batches(local, mesh, batch_axis=2), cards,
-                                                weights)
-            metrics.append(chunk_metrics)
-            if len(metrics) > 1:  # one chunk in flight: unbounded, dispatch runs ahead and holds every gathered one
-                jax.block_until_ready(metrics[-2])
-                progress.step(chunk)  # the chunk before this one is done
-        metrics = jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
+
+        def steps_of(first: int, stop: int) -> tuple[TrainState, dict]:
+            """Runs first..stop - 1 through the epoch: their states and per-step metrics (stop - first, S)."""
+            own, metrics = jax.tree.map(lambda x: x[first:stop], states), []
+            runs = np.arange(first, stop)[:, None, None]
+            for start in range(0, batches.shape[1], chunk):
+                idx = batches[first:stop, start:start + chunk]                       # (R', K, b)
+                local = gather_batch(data, idx)._replace(reward=reward[runs, idx], mc_return=mc_return[runs, idx],
+                                                         lam=lam[runs, idx])
+                own, chunk_metrics = group_chunk(own, sharding.global_batches(local, mesh, batch_axis=2), cards,
+                                                 jax.tree.map(lambda w: w[first:stop], weights))
+                metrics.append(chunk_metrics)
+                if len(metrics) > 1:  # one chunk in flight: unbounded, dispatch runs ahead and holds every gathered one
+                    jax.block_until_ready(metrics[-2])
+                    if first == 0:
+                        progress.step(chunk)  # the chunk before this one is done
+            return own, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
+
+        if runs_in_turn(config, mesh) and side_by_side(mesh) and num_slices == 1:   # each run alone, side by side
+            ended = in_threads(lambda r: jax.block_until_ready(steps_of(r, r + 1)), len(keys))
+            return (jax.tree.map(lambda *x: jnp.concatenate(x), *[e[0] for e in ended]),
+                    jax.tree.map(lambda *m: np.concatenate(m), *[e[1] for e in ended]), batches)
+        states, metrics = steps_of(0, len(keys))
         return states, metrics, batches
 
     return group_epoch

@@ -233,3 +233,23 @@ def test_the_lambdas_of_a_group_share_one_embedding_table(tmp_path):
     np.testing.assert_array_equal(np.asarray(other.data.embeddings), np.asarray(alone.data.embeddings))
     for name, column in alone.replay.arrays().items():
         np.testing.assert_array_equal(other.replay.arrays()[name], column, err_msg=name)
+
+
+def test_a_host_fed_group_steps_its_runs_side_by_side_as_its_group_program_does(monkeypatch, tmp_path):
+    """Host-fed (a table on disk), a CPU's group goes through a one-run chunk program per run, the runs side by side
+    (`engine.in_threads`): every run ends where the group program mapping over them ends it (bit for bit at XLA's
+    default flags; the suite's COMPILE_FAST rounds the two programs differently, by ~6e-9 here)."""
+    from configs import default
+
+    configs = [with_overrides(default.get_config("tiny"), {
+        "stage": "offline", "data.demo": True, "data.embeddings_on_disk": True, "data.host_chunk_steps": 2,
+        "seed": s, "loss.alpha": a}) for s, a in ((0, 0.1), (1, 0.0), (2, 0.1))]
+    ended = {}
+    for side_by_side in (True, False):
+        monkeypatch.setattr(engine, "side_by_side", lambda mesh, allowed=side_by_side: allowed)
+        final = train.train_group(configs, [tmp_path / str(side_by_side) / str(i) for i in range(len(configs))])
+        ended[side_by_side] = [np.asarray(leaf) for state in final for leaf in jax.tree.leaves(state.params)]
+        metrics = [records(tmp_path / str(side_by_side) / str(i)) for i in range(len(configs))]
+        ended[side_by_side] += [np.array([r["loss"] for r in m]) for m in metrics]
+    for a, b in zip(ended[True], ended[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
