@@ -242,8 +242,8 @@ def test_a_host_fed_group_steps_its_runs_side_by_side_as_its_group_program_does(
     from configs import default
 
     configs = [with_overrides(default.get_config("tiny"), {
-        "stage": "offline", "data.demo": True, "data.embeddings_on_disk": True, "data.host_chunk_steps": 2,
-        "seed": s, "loss.alpha": a}) for s, a in ((0, 0.1), (1, 0.0), (2, 0.1))]
+        "stage": "mc", "data.demo": True, "data.embeddings_on_disk": True, "data.host_chunk_steps": 2,
+        "seed": s, "loss.beta": b}) for s, b in ((0, 1.0), (1, 0.5), (2, 1.0))]
     ended = {}
     for side_by_side in (True, False):
         monkeypatch.setattr(engine, "side_by_side", lambda mesh, allowed=side_by_side: allowed)
