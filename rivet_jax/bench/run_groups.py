@@ -1,5 +1,6 @@
 """The reproduction's training throughput: many runs as one program (`rivet_jax.engine`) against one solo run,
-with the runs vmapped into every step and with them one after another inside the program."""
+with the runs vmapped into every step and with each run through its own one-run program (side by side on a CPU's
+cores, `engine.in_threads`)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ def _block(tree):
 
 def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_s: float | None) -> dict:
     """TD+CQL epochs of `runs` runs (each its own seed) as one program (`engine`), warm, against one solo run's
-    scanned epoch: the reproduction's training throughput, with every run vmapped into each step and with the runs
-    one after another inside the program (the CPU default, `learner.runs_vmapped`)."""
+    scanned epoch: the reproduction's training throughput, with every run vmapped into each step and with each run
+    through its own one-run program, side by side on one device (the CPU default, `learner.runs_vmapped`)."""
     result = {"runs": runs}
-    for name, vmapped in (("vmapped", 0), ("sequential", 1)):
+    for name, vmapped in (("vmapped", 0), ("per_run", 1)):
         configs = [ml_collections.ConfigDict({**config.to_dict(), "seed": config.seed + r, "runs_vmapped": vmapped})
                    for r in range(runs)]
         states = stack([template_state(c.seed, net, tx, data.embeddings.shape[1], pool, "td") for c in configs])
@@ -49,7 +50,9 @@ def run_group_throughput(config, net, tx, data, pool, runs: int, solo_steps_per_
 
 def run_group_rows(group: dict) -> list[tuple[str, str, str]]:
     """The benchmark table's rows for `run_group_throughput`'s result."""
-    return [(f"reproduction training: {group['runs']} runs {how}", f"{group[how]['run_steps_per_s']:.0f} run-steps/s",
+    label = {"vmapped": "vmapped", "per_run": "side by side"}
+    return [(f"reproduction training: {group['runs']} runs {label[how]}",
+             f"{group[how]['run_steps_per_s']:.0f} run-steps/s",
              f"TD+CQL epochs of {group['runs']} seeds as one program (engine.py): "
              f"{group[how]['over_solo'] or float('nan'):.2f}x one solo run's scanned steps/s; first epoch (with "
-             f"compile) {group[how]['first_epoch_s']:.1f}s") for how in ("vmapped", "sequential")]
+             f"compile) {group[how]['first_epoch_s']:.1f}s") for how in ("vmapped", "per_run")]
