@@ -133,9 +133,9 @@ def cores() -> int:
 
 
 def side_by_side(mesh) -> bool:
-    """Whether runs' programs may run at once (`in_threads`): on one device. Programs over several devices meet in
-    collectives, which programs interleaved across threads could leave waiting on each other."""
-    return mesh is None or mesh.size == 1
+    """Whether runs' programs may run at once (`in_threads`): on one device of one process. Programs over several
+    devices meet in collectives, which programs interleaved across threads could leave waiting on each other."""
+    return (mesh is None or mesh.size == 1) and jax.process_count() == 1
 
 
 def in_threads(work: Callable[[int], T], count: int, threads: bool = True) -> list[T]:
@@ -224,7 +224,7 @@ def make_host_fed_group_epoch(net: RivetNet, tx, config, stage: str, mesh) -> Ca
                         progress.step(chunk)  # the chunk before this one is done
             return own, jax.tree.map(lambda *m: np.concatenate([np.asarray(x) for x in m], axis=1), *metrics)
 
-        if runs_in_turn(config, mesh) and side_by_side(mesh) and num_slices == 1:   # each run alone, side by side
+        if runs_in_turn(config, mesh) and side_by_side(mesh):   # each run alone, side by side
             ended = in_threads(lambda r: jax.block_until_ready(steps_of(r, r + 1)), len(keys))
             return (jax.tree.map(lambda *x: jnp.concatenate(x), *[e[0] for e in ended]),
                     jax.tree.map(lambda *m: np.concatenate(m), *[e[1] for e in ended]), batches)

@@ -150,10 +150,8 @@ class _Block:
 
     def __init__(self, tokens: np.ndarray, vocabulary: _Vocabulary, largest: int):
         self.ngrams = [tokens]   # ngrams[n - 1]: the block's n-grams
-        for n in range(2, largest + 1):
-            shorter = self.ngrams[-1]
-            self.ngrams.append(vocabulary.extended(shorter[:-1], tokens[n - 1:]) if len(shorter) > 1
-                               else np.zeros(0, np.int64))
+        for n in range(2, largest + 1):   # an n-gram: an (n - 1)-gram, then the token after it
+            self.ngrams.append(vocabulary.extended(self.ngrams[-1][:-1], tokens[n - 1:]))
 
     def __len__(self) -> int:
         return len(self.ngrams[0])
