@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import jax
@@ -73,6 +73,16 @@ def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_
                      replay={k: put(v) for k, v in replay.arrays().items()})
 
 
+def train_data_shapes(replay: Replay, dim: int, pool: ModelPool) -> TrainData:
+    """The shapes and dtypes of `make_train_data`'s device-resident data (jax.ShapeDtypeStruct leaves), known
+    before the table's `dim`-wide vectors are: what a program needs to compile (`engine.ProgramsAhead`)."""
+    card_x, card_mask = card_features(pool)
+    put = lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype))
+    return TrainData(embeddings=jax.ShapeDtypeStruct((len(replay.texts), dim), jnp.float32),
+                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
+                     replay={k: put(v) for k, v in replay.arrays().items()})
+
+
 def gather_batch(data: TrainData, idx) -> Batch:
     """The transitions `idx` (...,) with their vectors looked up in the text table.
 
@@ -119,13 +129,14 @@ def corpus_paths(config, workdir: Path) -> tuple[list[Path], Path]:
     return [directory / collect.EPISODES_FILE], directory / collect.CARDS_FILE
 
 
-def prepare_data(config, workdir: str | Path, c_ref: float | None = None,
-                 sharing: PreparedData | None = None) -> PreparedData:
+def prepare_data(config, workdir: str | Path, c_ref: float | None = None, sharing: PreparedData | None = None,
+                 on_shapes: Callable[[TrainData, ModelPool], None] | None = None) -> PreparedData:
     """Reads and validates the logs, serializes states, embeds every distinct text once (cached in the workdir).
 
     `sharing`: a corpus already prepared from the same logs (another lambda of one run group); where the text table
     comes out the same, this one holds its embeddings and texts instead of a copy of each (the large MINT pool's
-    table is 400 MB)."""
+    table is 400 MB). `on_shapes(shapes, pool)`: told the device-resident data's shapes (`train_data_shapes`)
+    before the texts are embedded (a host-fed corpus: never)."""
     workdir = Path(workdir)
     episode_files, cards_path = corpus_paths(config, workdir)
     pool = read_model_cards(cards_path)
@@ -143,6 +154,8 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None,
     started = time.perf_counter()
     cache_dir = encoders.cache_dir(config, workdir)
     host_fed = config.data.embeddings_on_disk or jax.process_count() > 1  # see engine.make_host_fed_group_epoch
+    if on_shapes is not None and not host_fed:
+        on_shapes(train_data_shapes(replay, encoder.dim, pool), pool)
     if _same_table(sharing, replay, encoder, host_fed):
         replay = dataclasses.replace(replay, texts=sharing.replay.texts)
         embeddings, how = sharing.data.embeddings, "the table of the run group's first corpus"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import ml_collections
 from absl import logging
@@ -51,10 +51,12 @@ def run_dir(workdir: Path, variant: str, seed: int) -> Path:
 
 
 def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path,
-                   variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int]) -> dict[str, list[Path]]:
+                   variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int],
+                   on_stage_end: Callable[[str], None] | None = None) -> dict[str, list[Path]]:
     """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed, into
     <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/train.py: the offline stages of all runs step
-    together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs."""
+    together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs.
+    `on_stage_end(stage)`: after each offline stage of every run (`train.train_group`)."""
     runs = [(name, seed) for name in variants for seed in seeds]
     configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
     dirs = [run_dir(workdir, name, seed) for name, seed in runs]
@@ -64,7 +66,8 @@ def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Pat
     offline = Progress("offline training (run-epochs)", sum(epochs for _, _, epochs in offline_stages))
     offline.done = sum(min(checkpointing.StageCheckpoints(d, s).latest_epoch() or 0, epochs)
                        for d, s, epochs in offline_stages if checkpointing.stage_dir(d, s).is_dir())
-    train.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)))
+    train.train_group(configs, dirs, on_epoch_end=lambda stage, epoch, records: offline.step(len(records)),
+                      on_stage_end=on_stage_end)
     return {name: [d for (n, _), d in zip(runs, dirs) if n == name] for name in variants}
 
 

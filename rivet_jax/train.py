@@ -13,6 +13,7 @@ for the whole job (`workdir_lock`): a second job on any of them is refused at on
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -30,7 +31,7 @@ from rivet_jax.learner import TrainState, grouped, make_optimizer, shape_signatu
 from rivet_jax.networks import make_network
 from rivet_jax.run_identity import flatten, is_identity
 from rivet_jax.settings import Optim
-from rivet_jax.stage_run import OFFLINE_STAGES, StageRun, stages_of, stored_c_ref
+from rivet_jax.stage_run import OFFLINE_STAGES, StageRun, stage_epochs, stages_of, stored_c_ref
 from rivet_jax.workdir_lock import hold_workdirs
 
 
@@ -42,26 +43,39 @@ def environment(config) -> Env:
     return make_routesim(config.sim)
 
 
-def prepare_all(configs: Sequence, workdirs: Sequence[Path]) -> list[PreparedData]:
+def prepare_all(configs: Sequence, workdirs: Sequence[Path], on_shapes: Callable | None = None
+                ) -> list[PreparedData]:
     """Each run's corpus, read once per distinct lambda and cache awareness (runs differ only in rewards and
-    returns, and a cache-aware run's replay has its prompt-cache savings) with one c_ref and one embedding table."""
+    returns, and a cache-aware run's replay has its prompt-cache savings) with one c_ref and one embedding table.
+    `on_shapes(runs, shapes, pool)`: a corpus's data shapes before it is embedded (`prepare_data`), with the runs
+    (indices) that read it."""
+    keys = [(float(config.reward.lam), cache_aware(config)) for config in configs]
     by_lambda: dict[tuple[float, bool], PreparedData] = {}
-    prepared = []
-    for config, workdir in zip(configs, workdirs):
-        key = (float(config.reward.lam), cache_aware(config))
+    for key, config, workdir in zip(keys, configs, workdirs):
         if key not in by_lambda:
             first = next(iter(by_lambda.values()), None)
-            by_lambda[key] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir), sharing=first)
-        prepared.append(by_lambda[key])
+            runs = [i for i, k in enumerate(keys) if k == key]
+            told = None if on_shapes is None else functools.partial(on_shapes, runs)
+            by_lambda[key] = prepare_data(config, workdir, c_ref=stored_c_ref(workdir), sharing=first, on_shapes=told)
     c_refs = {p.c_ref for p in by_lambda.values()}
     if len(c_refs) > 1:
         raise ValueError(f"runs of one group must share c_ref; their workdirs fixed {sorted(c_refs)}")
-    return prepared
+    return [by_lambda[key] for key in keys]
+
+
+def pending_offline(config, workdir: Path) -> list[str]:
+    """The offline stages of `config` whose checkpoints in `workdir` stop short of the stage's last epoch (read from
+    the directory names, intact or not: this decides only what `engine.ProgramsAhead` compiles)."""
+    def last_epoch(stage: str) -> int:
+        return max((int(p.name) for p in checkpointing.stage_dir(workdir, stage).glob("*") if p.name.isdigit()),
+                   default=0)
+    return [stage for stage in stages_of(config)
+            if stage in OFFLINE_STAGES and last_epoch(stage) < stage_epochs(config, stage)]
 
 
 def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end: Callable | None = None,
                 env: Env | None = None, prepared: Sequence[PreparedData] | None = None,
-                held: bool = False) -> list[TrainState | None]:
+                held: bool = False, on_stage_end: Callable[[str], None] | None = None) -> list[TrainState | None]:
     """Trains (or resumes) run i = (configs[i], workdirs[i]) through the stages of its `config.stage`, the runs of
     each stage in groups of one shape, and returns each run's state after its last stage (online: the best one; a
     stage that had finished before this call: None for that run; `train` restores it).
@@ -70,14 +84,31 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
     online stage logs a line per validation round). `env`: the environment of the online stage (default
     `environment(config)`); `prepared`: each run's corpus, if already read (default `prepare_all`); `held`: the
     caller already holds every workdir (`workdir_lock`; pipeline.fit holds them from reading the logs to the verdict).
+    `on_stage_end(stage)` follows each offline stage, once every run has its checkpoints (finished before or now).
     """
     for config in configs:
         check_config(config)
     workdirs = [Path(w) for w in workdirs]
     stages = [stages_of(config) for config in configs]
     final: list[TrainState | None] = [None] * len(configs)
-    with contextlib.nullcontext() if held else hold_workdirs(workdirs):
-        prepared = list(prepared) if prepared is not None else prepare_all(configs, workdirs)
+    with contextlib.nullcontext() if held else hold_workdirs(workdirs), engine.ProgramsAhead() as ahead:
+        # (one process only: a multi-process run's checkpoint managers meet in barriers, and none compiles ahead)
+        pending = [pending_offline(config, workdir) if engine.compiles_ahead(config) else ()
+                   for config, workdir in zip(configs, workdirs)]
+
+        def compile_ahead(runs: Sequence[int], shapes, pool) -> None:  # while the corpus embeds, or trains
+            for stage in OFFLINE_STAGES:
+                for i in runs:
+                    if stage in pending[i]:
+                        ahead.compile(configs[i], stage, shapes, pool)
+
+        if prepared is None:
+            prepared = prepare_all(configs, workdirs, compile_ahead)
+        else:
+            prepared = list(prepared)
+            for i, corpus in enumerate(prepared):
+                if not corpus.data.on_host:
+                    compile_ahead([i], engine.shapes(corpus.data), corpus.pool)
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]
             leaders = mc_leaders(configs, workdirs, prepared, members) if stage == "mc" else {}
@@ -85,13 +116,15 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
             runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in trained]
             index = {id(run): i for i, run in zip(trained, runs)}
             for group in engine.offline_groups(runs):
-                states = engine.train_together(group, on_epoch_end)
+                states = engine.train_together(group, on_epoch_end, ahead)
                 for r, run in enumerate(group):
                     final[index[id(run)]] = unstack(states, r)
             for run in runs:
                 run.close()
             for i, leader in leaders.items():
                 take_stage(workdirs[leader], workdirs[i], stage)
+            if on_stage_end is not None and members:
+                on_stage_end(stage)
         adapting = [i for i in range(len(configs)) if "online" in stages[i]]
         for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
             best = online.adapt_group([configs[i] for i in members], [workdirs[i] for i in members],

@@ -95,8 +95,8 @@ RECORD_LAYOUTS = textwrap.dedent("""
     LAYOUTS = []
     _train_together = engine.train_together
 
-    def recording(runs, on_epoch_end=None):
-        states = _train_together(runs, on_epoch_end)
+    def recording(runs, on_epoch_end=None, ahead=None):
+        states = _train_together(runs, on_epoch_end, ahead)
         leaf = jax.tree.leaves(states.params)[0]
         spec = tuple(getattr(leaf.sharding, "spec", ()))  # a 1-device run has no mesh
         LAYOUTS.append((len(runs), runs[0].config.devices, spec, len(leaf.sharding.device_set)))

@@ -68,6 +68,38 @@ def test_episode_summary_averages_rollouts_within_a_task_first():
     assert summary["cost_lo"] >= 0.01 - 1e-12 and summary["cost_hi"] <= 0.03 + 1e-12
 
 
+class Preferring:
+    """A router stand-in for `RouterPolicy`: the same scores at every state, preferring model `first` of the pool."""
+
+    def __init__(self, pool, first: int):
+        self.pool = pool
+        self.q = -np.abs(np.arange(len(pool)) - first).astype(float)   # (M,)
+
+    def scores(self, states, available, groups):
+        return np.tile(self.q, (len(states), 1))
+
+
+def test_early_rollouts_give_the_episodes_of_one_rollout_of_every_policy():
+    """On RouteSim, calibrate rolls the first stage's routers and the fixed models out on validation while the later
+    stages train (`_EarlyRollouts`): with the rest rolled out after training, every policy's episodes are those of
+    one rollout of all of them."""
+    from configs import routesim
+    from rivet_jax import calibrate
+    from rivet_jax.envs.routesim import make_routesim
+
+    config = routesim.get_config("tiny")
+    pool = make_routesim(config.sim).pool
+    keys = [(0.0, "mc"), (0.0, "td"), (1.0, "mc"), (1.0, "td")]
+    routers = {key: Preferring(pool, i) for i, key in enumerate(keys)}
+    early = calibrate._EarlyRollouts(lambda stage: {k: r for k, r in routers.items() if k[1] == stage}, ("mc", "td"))
+    early.stage_ended(config, "mc")
+    early.stage_ended(config, "td")   # not the first stage: nothing more goes out early
+    episodes = early.episodes(config, routers)
+    assert episodes == calibrate._routesim_episodes(config, routers, fixed=True)
+    assert set(episodes) == {*keys, *pool.names}
+    assert {e.turns[0].model for e in episodes[0.0, "td"]} == {pool.names[1]}   # each router its own episodes
+
+
 @pytest.fixture(scope="module")
 def routesim_calibration(tmp_path_factory) -> Path:
     """launch.calibrate on tiny RouteSim (1 device), a router per lambda (the one-run default is

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, corpus, engine, learner, online, runs, train
+from rivet_jax import checkpointing, corpus, engine, learner, online, runs, stage_run, train
 from rivet_jax.settings import with_overrides
 from rivet_jax.networks import make_network
 from rivet_jax.settings import LossWeights, Optim
@@ -184,9 +184,9 @@ def test_a_conservatism_grid_trains_its_mc_warm_start_once_per_seed(tmp_path):
     trained = []
     original = engine.train_together
 
-    def counting(group, on_epoch_end=None):
+    def counting(group, on_epoch_end=None, ahead=None):
         trained.append([run.stage for run in group])
-        return original(group, on_epoch_end)
+        return original(group, on_epoch_end, ahead)
 
     engine.train_together = counting
     try:
@@ -233,6 +233,42 @@ def test_the_lambdas_of_a_group_share_one_embedding_table(tmp_path):
     np.testing.assert_array_equal(np.asarray(other.data.embeddings), np.asarray(alone.data.embeddings))
     for name, column in alone.replay.arrays().items():
         np.testing.assert_array_equal(other.replay.arrays()[name], column, err_msg=name)
+
+
+def test_a_stage_compiled_ahead_from_the_corpus_shapes_serves_its_run_bit_for_bit(monkeypatch, tmp_path):
+    """`engine.ProgramsAhead`: the MC program, compiled from the data's shapes as `prepare_data` tells them before
+    embedding, is the program the run steps through (its jit holds that one compile after training), and the run
+    ends bit for bit where a run that compiles its own program ends."""
+    base = routesim_config.get_config("tiny")
+    config = with_overrides(runs.training_config(base, runs.collected_corpus(base, tmp_path)),
+                            {"stage": "mc", "data.embedding_cache": str(tmp_path / "embeddings")})
+    told = []
+    with engine.ProgramsAhead() as ahead:
+        def on_shapes(shapes, pool):
+            told.append(shapes)
+            ahead.compile(config, "mc", shapes, pool)
+
+        prepared = corpus.prepare_data(config, tmp_path / "ahead", on_shapes=on_shapes)
+        assert told == [engine.shapes(prepared.data)]
+        run = stage_run.StageRun.open(config, tmp_path / "ahead", "mc", prepared)
+        assert ahead.program(config, "mc") is not None   # compiled (waits for it)
+        compiled = []
+
+        def listener(event, seconds, **fields):
+            compiled.append(fields.get("fun_name"))
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            engine.train_together([run], ahead=ahead)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+        run.close()
+        assert "run_epoch" not in compiled and "unstack" not in compiled, compiled
+    monkeypatch.setattr(engine, "compiles_ahead", lambda config: False)
+    train.train(config, tmp_path / "alone")
+    for a, b in zip(jax.tree.leaves(saved_params(config, tmp_path / "ahead", "mc")),
+                    jax.tree.leaves(saved_params(config, tmp_path / "alone", "mc"))):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_host_fed_group_steps_its_runs_side_by_side_as_its_group_program_does(monkeypatch, tmp_path):
