@@ -397,9 +397,10 @@ def reference_hashing_vectors(texts: list[str], dim: int, ngram_range: tuple[int
 
 @pytest.mark.parametrize("ngram_range", [(1, 2), (1, 1), (1, 3), (2, 3)])
 def test_vectors_are_bit_for_bit_the_rule_counted_as_strings(ngram_range, monkeypatch):
-    """Counting features as ids (and making each block's once) changes no bit of any vector: texts whose blocks
-    repeat, n-grams across blocks, single-token and empty blocks, Greek final sigma, and a vocabulary that starts
-    afresh midway (its cached blocks forgotten with it)."""
+    """Counting features as ids (and making each block's once, and counting texts together) changes no bit of any
+    vector: texts whose blocks repeat, n-grams across blocks, single-token and empty blocks, Greek final sigma, and
+    a vocabulary that starts afresh midway (its cached blocks forgotten with it) while texts are counted a few
+    features at a time."""
     from rivet_jax.data.serialize import BLOCK_SEPARATOR
     from rivet_jax.encoders import hashing
 
@@ -413,6 +414,7 @@ def test_vectors_are_bit_for_bit_the_rule_counted_as_strings(ngram_range, monkey
     np.testing.assert_array_equal(encoder.encode(texts), expected)
     np.testing.assert_array_equal(encoder.encode(texts[::-1]), expected[::-1])   # every block cached now
     monkeypatch.setattr(hashing, "MAX_MEMO_ENTRIES", 30)
+    monkeypatch.setattr(hashing, "COUNTED_TOGETHER", 50)
     monkeypatch.setattr(hashing, "_STATE_VECTORS", hashing._StateVectors())
     fresh = HashingEncoder(dim=5, ngram_range=ngram_range)
     np.testing.assert_array_equal(fresh.encode_blocks([t.split(BLOCK_SEPARATOR) for t in texts]), expected)

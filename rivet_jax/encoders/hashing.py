@@ -38,6 +38,8 @@ HASHING_VERSION = 1
 # The vocabulary (every feature met, with its hash) starts afresh past this many features, bounding memory on huge
 # corpora while keeping the common (repeating) features hot.
 MAX_MEMO_ENTRIES = 2**21
+# Texts' features counted in one numpy pass, up to about this many (with repeats): few calls, and still in cache.
+COUNTED_TOGETHER = 2**15
 # Features of recently seen blocks, up to this many tokens in all (least recently used dropped first):
 # serialization counts the tokens of every block of a state, and the states of a growing conversation repeat
 # their blocks, so each is tokenized once (`count_tokens`, `encode`, `encode_blocks`).
@@ -230,16 +232,23 @@ class HashingEncoder:
         """(N, dim) float32 vectors of states given as their blocks."""
         vectors = np.zeros((len(states), self.dim), dtype=np.float64)  # (N, dim)
         with self._lock:
+            first, features, size = 0, [], 0
             for row, blocks in enumerate(states):
-                if len(self._vocabulary) > MAX_MEMO_ENTRIES:   # bounded memory; never midway through a state
+                forget = len(self._vocabulary) > MAX_MEMO_ENTRIES   # bounded memory; never midway through a state
+                if forget or size > COUNTED_TOGETHER:   # (counted with the ids' codes, before they are forgotten)
+                    vectors[first:row] = self._unnormalised_vectors(features)
+                    first, features, size = row, [], 0
+                if forget:
                     self._forget()
-                vectors[row] = self._unnormalised_vector([self._block(block) for block in blocks])
+                features.append(self._features([self._block(block) for block in blocks]))
+                size += len(features[-1])
+            vectors[first:] = self._unnormalised_vectors(features)
         # Normalise in float64 and cast once, so rounding does not depend on how many features a text has.
         return l2_normalise_rows(vectors).astype(np.float32)
 
-    def _unnormalised_vector(self, blocks: Sequence[_Block]) -> np.ndarray:
-        """(dim,) float64 sum of sign * (1 + ln count) over the features of the blocks' joined text, added in the
-        order the features first occur (n-grams by n, then by position): the order the rule's Counter has."""
+    def _features(self, blocks: Sequence[_Block]) -> np.ndarray:
+        """(F,) ids of the features of the blocks' joined text, with repeats: n-grams by n, then by position (the
+        order the rule's Counter meets them in)."""
         low, high = self.ngram_range
         lengths = [len(block) for block in blocks]
         starts = np.cumsum([0] + lengths[:-1])
@@ -254,12 +263,22 @@ class HashingEncoder:
             if across.size:
                 ids[across] = self._vocabulary.extended(ngrams[-1][across], ngrams[0][across + n - 1])
             ngrams.append(ids)
-        features = np.concatenate(ngrams[low - 1:high])                                        # (F,) with repeats
-        distinct, first, counts = np.unique(features, return_index=True, return_counts=True)
+        return np.concatenate(ngrams[low - 1:high])
+
+    def _unnormalised_vectors(self, features: Sequence[np.ndarray]) -> np.ndarray:
+        """(K, dim) float64: per text (its (F_k,) feature ids), the sum of sign * (1 + ln count) over its distinct
+        features, added in the order they first occur. The K texts are counted at once, as (text, feature) pairs in
+        text order: every bucket of a text gets the same additions in the same order as counting the text alone."""
+        width = len(self._vocabulary)
+        text = np.repeat(np.arange(len(features)), [len(f) for f in features])                      # (F,)
+        pairs = text * width + np.concatenate([np.zeros(0, np.int64), *features])                   # (F,)
+        distinct, first, counts = np.unique(pairs, return_index=True, return_counts=True)
         order = np.argsort(first)
-        buckets, signs = unpack_bucket_and_sign(self._vocabulary.codes[distinct[order]])
-        tf_weights = 1.0 + np.log(counts[order].astype(np.float64))                           # (U,)
-        return np.bincount(buckets, weights=signs * tf_weights, minlength=self.dim)
+        rows, ids = np.divmod(distinct[order], width)
+        buckets, signs = unpack_bucket_and_sign(self._vocabulary.codes[ids])
+        tf_weights = 1.0 + np.log(counts[order].astype(np.float64))                                 # (U,)
+        return np.bincount(rows * self.dim + buckets, weights=signs * tf_weights,
+                           minlength=len(features) * self.dim).reshape(len(features), self.dim)
 
     def _block(self, block: str) -> _Block:
         """The features of `block`, from the LRU cache or made now (and cached while the budget allows). The caller
