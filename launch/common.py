@@ -93,6 +93,7 @@ def run_app(main: Callable, argv: list[str] | None = None) -> None:
     an override naming no key of the config (`--config.reward.lamda=0.1`) is one line with the closest key, not a
     traceback from inside the flag parser. `argv` defaults to the command line (tests pass their own)."""
     heap.return_freed_memory_to_the_os()
+    heap.collect_cycles_rarely()
     app.run(main, argv=argv, flags_parser=_parse_flags)
 
 

@@ -8,12 +8,16 @@ docs/timing.md). Off-policy estimation (numpy): every refit allocates tens of MB
 mmap threshold each one is fresh pages from the kernel, faulted in and zeroed: on the 49-model pool's test split
 53 million page faults, a fifth of the CPU time. `numpy_phase` lets such a phase reuse its freed buffers (one
 FQE refit 2.6 s -> 2.15 s there) and gives the memory back when it ends. Both are no-ops off glibc.
+
+Python's cyclic garbage collector, too, is set for a launcher's process (`collect_cycles_rarely`): it holds
+millions of long-lived objects, which every full collection walks again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 from typing import Iterator
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # malloc.h
@@ -57,3 +61,16 @@ def numpy_phase() -> Iterator[None]:
     finally:
         _set(*XLA_THRESHOLDS)
         _libc().malloc_trim(0)
+
+
+GC_THRESHOLDS = (10_000, 10, 10)   # Python's defaults: (700, 10, 10)
+
+
+def collect_cycles_rarely() -> None:
+    """Python's cyclic collector for a process of millions of long-lived objects (JAX's and Flax's modules, a corpus,
+    the hashing vocabulary, rollouts' episodes): what is alive now (a launcher's imports) is frozen out of every
+    later collection, and a young collection waits for 10,000 new container objects instead of 700, so full ones
+    (which walk every tracked object) come 14 times less often. Reference counting still frees everything acyclic
+    at once; only cycles wait longer. RouteSim's `launch.calibrate`: 17.6 -> 16.6 s on 2 cores."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()

@@ -40,10 +40,10 @@ from rivet_jax.deployment_file import check_models, has_deployment, read_deploym
 from rivet_jax.encoders import Encoder, make_encoder
 from rivet_jax.encoders.base import encode_states
 from rivet_jax.networks import RivetNet, init_params, lambda_conditioned, make_network, pad_rows, rve_params
+from rivet_jax.router_inputs import HistoryTurn, as_history, availability_mask, availability_masks
 from rivet_jax.settings import MAX_WEIGHT, is_number
 
 # A history turn: a Turn, or any mapping with "response" and "feedback" (and optionally "model").
-HistoryTurn = Turn | Mapping[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,48 +134,6 @@ def keep_previous(q: np.ndarray, previous: np.ndarray) -> np.ndarray:
     out[rows] = -np.inf
     out[rows, previous[rows]] = q[rows, previous[rows]]
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class _HistoryItem:
-    response: str
-    feedback: str
-
-
-def as_history(history: Sequence[HistoryTurn]) -> list[_HistoryItem]:
-    items = []
-    for i, turn in enumerate(history):
-        if isinstance(turn, Turn):
-            items.append(_HistoryItem(turn.response, turn.feedback))
-        elif isinstance(turn, Mapping) and "response" in turn:
-            response, feedback = turn["response"], turn.get("feedback", "")
-            for field, value in (("response", response), ("feedback", feedback)):
-                if not isinstance(value, str):  # str(None) would route on the text "None"
-                    raise TypeError(f"history[{i}]['{field}'] must be a string, got {type(value).__name__}")
-            items.append(_HistoryItem(response, feedback))
-        else:
-            raise TypeError(f"history[{i}] must be a Turn or a mapping with 'response' (and 'feedback'), "
-                            f"got {type(turn).__name__}")
-    return items
-
-
-def availability_mask(pool: ModelPool, available: Iterable[str] | None) -> np.ndarray:
-    """(M,) bool over the pool; None = every model. Unknown names and an empty set are errors.
-
-    `available` may be any iterable of names (a generator is read once, here), but not a single string."""
-    if available is None:
-        return np.ones(len(pool), bool)
-    if isinstance(available, (str, bytes)):
-        raise TypeError(f"available must be a collection of model names, not one string: {available!r}")
-    available = list(available)
-    unknown = [name for name in available if not isinstance(name, str) or name not in pool]
-    if unknown:
-        raise ValueError(f"unknown models {unknown}; this router's pool is {list(pool.names)}")
-    if not available:
-        raise ValueError("no available model to route to")
-    mask = np.zeros(len(pool), bool)
-    mask[[pool.index(name) for name in available]] = True
-    return mask
 
 
 # States per network call in `Router.scores_from_embeddings` (49 models x 32,429 states in one call: 6.9 GB), each
@@ -382,7 +340,7 @@ class Router:
             if len(available) != len(states):
                 raise ValueError(f"available has {len(available)} entries for {len(states)} states: give one "
                                  f"availability (a list of names, or None) per state")
-            mask = np.stack([self.available_mask(a) for a in available]) if states else None
+            mask = availability_masks(self.pool, available) if states else None
         blocks = [_blocks(self.encoder, self.config, task, history) for task, history in states]
         savings = None
         if self.cache_aware and states:   # the previous turn's model and prompt say whose cache holds what
@@ -439,7 +397,7 @@ class RouterGroup:
         for run, start, stop in zip(runs, offsets[:-1], offsets[1:]):
             stacked[run, :stop - start] = h[start:stop]
         q = np.asarray(_q_route_each(self._net, self._params, jnp.asarray(stacked), self._cards))   # (R, B, M)
-        return [np.where(np.stack([availability_mask(self.pool, a) for a in avail]), q[run, :stop - start], -np.inf)
+        return [np.where(availability_masks(self.pool, avail), q[run, :stop - start], -np.inf)
                 for run, start, stop, avail in zip(runs, offsets[:-1], offsets[1:], available)]
 
     def decide_members(self, members: Sequence[tuple[object, Sequence[tuple]]]) -> list[list[tuple[str, float]]]:

@@ -35,3 +35,16 @@ def test_on_glibc_the_thresholds_are_set():
     if heap._libc() is None:
         pytest.skip("not glibc: mallopt is absent and the thresholds are a no-op")
     assert heap._set(*heap.XLA_THRESHOLDS)
+
+
+def test_a_launcher_collects_cycles_rarely_with_its_imports_frozen():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import gc\nfrom launch.common import run_app\n"
+              "def main(argv):\n    print(gc.get_threshold(), gc.get_freeze_count() > 100_000)\n"
+              "run_app(main, ['launcher'])\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                            capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == f"{heap.GC_THRESHOLDS} True", result.stderr[-2000:]

@@ -39,7 +39,7 @@ from rivet_jax.data.serialize import DEFAULT_MAX_TOKENS, TokenCounter, serialize
 from rivet_jax.encoders import EmbeddingStore, Encoder
 from rivet_jax.learner import make_optimizer
 from rivet_jax.networks import CardProjector, StateAdapter, ValueHead, pad_rows
-from rivet_jax.router import HistoryTurn, as_history, availability_mask
+from rivet_jax.router_inputs import HistoryTurn, as_history, availability_mask
 from rivet_jax.settings import Optim
 from rivet_jax.sharding import epoch_batches
 

@@ -11,6 +11,7 @@ same cached embedding; the state after turn t of an episode is exactly the state
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 from rivet_jax.data.schema import Turn
@@ -22,10 +23,14 @@ ALWAYS_KEPT_TURNS = 2  # the two latest complete turns are kept whatever their l
 BLOCK_SEPARATOR = "\n\n"
 
 
+# Memoised: a conversation's states repeat its blocks, and a block made once keeps its string hash for every
+# lookup that follows (token counts, the encoder's block cache).
+@functools.lru_cache(maxsize=4096)
 def _task_block(prompt: str) -> str:
     return f"Task:\n{prompt}"
 
 
+@functools.lru_cache(maxsize=65536)
 def _turn_block(number: int, response: str, feedback: str) -> str:
     # 1-based turn numbers keep position information even when earlier turns are dropped.
     return f"Turn {number} response:\n{response}\nTurn {number} feedback:\n{feedback}"
