@@ -12,7 +12,7 @@ A run group is the unit; one run is a group of one. The runs of a group differ i
 
 so one jit'ed program runs an epoch of all of them: one compile instead of R (on a CPU, where the runs step
 separately, one program for a single run serves them all, as many at once as there are cores, and every group
-size: `runs_in_turn`). A
+size: `runs_in_turn`; compiled ahead, from the corpus's shapes while the corpus embeds: `ProgramsAhead`). A
 whole epoch runs inside one `lax.scan` (no Python per step); each run's shuffle comes from `fold_in(its stage key,
 epoch)`, so an epoch is a pure function of (states, data, epoch) and a run resumed from an epoch checkpoint ends
 with exactly the parameters of an uninterrupted one.
