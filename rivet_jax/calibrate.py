@@ -220,6 +220,7 @@ def calibrate(config: ml_collections.ConfigDict, workdir: str | Path, budget: fl
     run_of = {lam: run_dir(workdir, CONDITIONED if conditioned else f"lambda={lam:g}", config.seed) for lam in lambdas}
     stages = train.stages_of(with_overrides(config, {"stage": config.calibrate.stage}))
 
+    @functools.cache   # the early rollouts' stage is loaded once
     def routers_of(stage: str) -> dict[tuple[float, str], Router]:
         loaded = {run: Router.from_checkpoint(run, stage) for run in set(run_of.values())}
         return {(lam, stage): loaded[run_of[lam]].at_lambda(lam) for lam in lambdas}

@@ -66,21 +66,21 @@ class TrainData:
 
 def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_host: bool = False) -> TrainData:
     """The replay and its embedding table on the device, or (`on_host`) left where they are, e.g. on disk."""
-    card_x, card_mask = card_features(pool)
     put = np.asarray if on_host else jnp.asarray
-    return TrainData(embeddings=embeddings if on_host else jnp.asarray(embeddings, jnp.float32),
-                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
-                     replay={k: put(v) for k, v in replay.arrays().items()})
+    return _train_data(replay, embeddings if on_host else jnp.asarray(embeddings, jnp.float32), pool, put)
 
 
 def train_data_shapes(replay: Replay, dim: int, pool: ModelPool) -> TrainData:
     """The shapes and dtypes of `make_train_data`'s device-resident data (jax.ShapeDtypeStruct leaves), known
     before the table's `dim`-wide vectors are: what a program needs to compile (`engine.ProgramsAhead`)."""
-    card_x, card_mask = card_features(pool)
     put = lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype))
-    return TrainData(embeddings=jax.ShapeDtypeStruct((len(replay.texts), dim), jnp.float32),
-                     card_text=put(replay.card_text), card_x=put(card_x), card_mask=put(card_mask),
-                     replay={k: put(v) for k, v in replay.arrays().items()})
+    return _train_data(replay, jax.ShapeDtypeStruct((len(replay.texts), dim), jnp.float32), pool, put)
+
+
+def _train_data(replay: Replay, embeddings, pool: ModelPool, put: Callable) -> TrainData:
+    card_x, card_mask = card_features(pool)
+    return TrainData(embeddings=embeddings, card_text=put(replay.card_text), card_x=put(card_x),
+                     card_mask=put(card_mask), replay={k: put(v) for k, v in replay.arrays().items()})
 
 
 def gather_batch(data: TrainData, idx) -> Batch:

@@ -168,8 +168,7 @@ def _in_turn(run_epoch: Callable, threads: bool) -> Callable:
 def compiles_ahead(config) -> bool:
     """Whether a stage's program can be compiled before its group exists: where runs step in turn on one device
     of one process, it is one run's program (`make_group_epoch`), the same for every group of a shape signature."""
-    return (jax.process_count() == 1 and len(sharding.mesh_devices(config.devices)) == 1
-            and runs_per_step(config) is None)
+    return runs_in_turn(config) and len(sharding.mesh_devices(config.devices)) == 1 and side_by_side(None)
 
 
 class ProgramsAhead:

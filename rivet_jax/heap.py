@@ -72,7 +72,7 @@ def collect_cycles_rarely() -> None:
     the hashing vocabulary, rollouts' episodes): what is alive now (a launcher's imports) is frozen out of every
     later collection, and a young collection waits for 10,000 new container objects instead of 700, so full ones
     (which walk every tracked object) come 14 times less often. Reference counting still frees everything acyclic
-    at once; only cycles wait longer. RouteSim's `launch.calibrate`: 17.6 -> 16.6 s on 2 cores. At exit, everything
+    at once; only cycles wait longer. RouteSim's `launch.calibrate`: 17.6 -> 16.9 s on 2 cores. At exit, everything
     is frozen too: the interpreter's last collection would walk the whole heap (0.5 s there) for cycles whose memory
     the process's end returns anyway."""
     gc.set_threshold(*GC_THRESHOLDS)

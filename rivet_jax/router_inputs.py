@@ -19,14 +19,12 @@ class _HistoryItem:
     feedback: str
 
 
-def as_history(history: Sequence[HistoryTurn]) -> Sequence[Turn | _HistoryItem]:
+def as_history(history: Sequence[HistoryTurn]) -> list[Turn | _HistoryItem]:
     """`history` as items with `.response` and `.feedback`: Turns as they are, mappings checked and converted."""
-    if all(isinstance(turn, Turn) for turn in history):
-        return history
     items = []
     for i, turn in enumerate(history):
         if isinstance(turn, Turn):
-            items.append(_HistoryItem(turn.response, turn.feedback))
+            items.append(turn)
         elif isinstance(turn, Mapping) and "response" in turn:
             response, feedback = turn["response"], turn.get("feedback", "")
             for field, value in (("response", response), ("feedback", feedback)):
@@ -49,7 +47,9 @@ def availability_masks(pool: ModelPool, available: Sequence[Iterable[str] | None
             return availability_mask(pool, names)
         names = tuple(names)   # (a generator read once, here)
         try:
-            return made[names] if names in made else made.setdefault(names, availability_mask(pool, names))
+            if names not in made:
+                made[names] = availability_mask(pool, names)
+            return made[names]
         except TypeError:   # an unhashable name: availability_mask says what is wrong with it
             return availability_mask(pool, names)
 
