@@ -165,10 +165,16 @@ def _in_turn(run_epoch: Callable, threads: bool) -> Callable:
     return group_epoch
 
 
+def one_device(config) -> bool:
+    """Whether `config`'s runs train on one device of one process: their states are then plain arrays there, as a
+    checkpoint restores them."""
+    return len(sharding.mesh_devices(config.devices)) == 1 and side_by_side(None)
+
+
 def compiles_ahead(config) -> bool:
     """Whether a stage's program can be compiled before its group exists: where runs step in turn on one device
     of one process, it is one run's program (`make_group_epoch`), the same for every group of a shape signature."""
-    return runs_in_turn(config) and len(sharding.mesh_devices(config.devices)) == 1 and side_by_side(None)
+    return runs_in_turn(config) and one_device(config)
 
 
 class ProgramsAhead:

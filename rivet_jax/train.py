@@ -109,11 +109,14 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
             for i, corpus in enumerate(prepared):
                 if not corpus.data.on_host:
                     compile_ahead([i], engine.shapes(corpus.data), corpus.pool)
+        def handed(i: int):   # the previous stage's parameters, trained just now on the device they start on
+            return final[i].params if final[i] is not None and engine.one_device(configs[i]) else None
+
         for stage in OFFLINE_STAGES:
             members = [i for i in range(len(configs)) if stage in stages[i]]
             leaders = mc_leaders(configs, workdirs, prepared, members) if stage == "mc" else {}
             trained = [i for i in members if i not in leaders]
-            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i]) for i in trained]
+            runs = [StageRun.open(configs[i], workdirs[i], stage, prepared[i], handed=handed(i)) for i in trained]
             index = {id(run): i for i, run in zip(trained, runs)}
             for group in engine.offline_groups(runs):
                 states = engine.train_together(group, on_epoch_end, ahead)

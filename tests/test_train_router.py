@@ -46,9 +46,18 @@ def test_offline_training_writes_metrics_and_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path, monkeypatch):
+    """Killed in MC, MC finished alone, TD killed, resumed: bit for bit the run done in one go. That run's TD starts
+    from the MC parameters it holds (`StageRun.handed`), the interrupted run's from MC's checkpoint on disk."""
     config = tiny_config()
+    read_back = stage_run.finished_params
+
+    def not_read_back(*args, **kwargs):
+        raise AssertionError("TD read back the MC parameters this process had just trained")
+
+    monkeypatch.setattr(stage_run, "finished_params", not_read_back)
     reference = train.train(config, tmp_path / "straight")
+    monkeypatch.setattr(stage_run, "finished_params", read_back)
 
     def kill_in_td(stage, epoch, record):
         if stage == "td" and epoch == 2:
@@ -61,6 +70,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     interrupted = tmp_path / "interrupted"
     with pytest.raises(SimulatedKill):
         train.train(config, interrupted, on_epoch_end=kill_in_mc)
+    train.train(with_overrides(config, {"stage": "mc"}), interrupted)
     with pytest.raises(SimulatedKill):
         train.train(config, interrupted, on_epoch_end=kill_in_td)
     resumed = train.train(config, interrupted)
