@@ -137,8 +137,9 @@ def keep_previous(q: np.ndarray, previous: np.ndarray) -> np.ndarray:
 
 
 # States per network call in `Router.scores_from_embeddings` (49 models x 32,429 states in one call: 6.9 GB), each
-# call of B > 1 padded to a power of two >= MIN_SCORED_ROWS: three programs serve rollouts' shrinking rounds.
-SCORED_ROWS, MIN_SCORED_ROWS = 1024, 256
+# call of B > 1 padded to a power of two >= MIN_SCORED_ROWS: two programs serve rollouts' shrinking rounds (a third,
+# for 1,024 states, would cost RouteSim's calibrate a 0.2 s compile for one call of its verdict).
+SCORED_ROWS, MIN_SCORED_ROWS = 512, 256
 
 
 class Router:

@@ -230,21 +230,25 @@ class HashingEncoder:
 
     def _vectors(self, states: Sequence[Sequence[str]]) -> np.ndarray:
         """(N, dim) float32 vectors of states given as their blocks."""
-        vectors = np.zeros((len(states), self.dim), dtype=np.float64)  # (N, dim)
+        vectors = np.empty((len(states), self.dim), dtype=np.float32)  # (N, dim)
         with self._lock:
             first, features, size = 0, [], 0
             for row, blocks in enumerate(states):
                 forget = len(self._vocabulary) > MAX_MEMO_ENTRIES   # bounded memory; never midway through a state
                 if forget or size > COUNTED_TOGETHER:   # (counted with the ids' codes, before they are forgotten)
-                    vectors[first:row] = self._unnormalised_vectors(features)
+                    vectors[first:row] = self._normalised_vectors(features)
                     first, features, size = row, [], 0
                 if forget:
                     self._forget()
                 features.append(self._features([self._block(block) for block in blocks]))
                 size += len(features[-1])
-            vectors[first:] = self._unnormalised_vectors(features)
-        # Normalise in float64 and cast once, so rounding does not depend on how many features a text has.
-        return l2_normalise_rows(vectors).astype(np.float32)
+            vectors[first:] = self._normalised_vectors(features)
+        return vectors
+
+    def _normalised_vectors(self, features: Sequence[np.ndarray]) -> np.ndarray:
+        """(K, dim) float32 vectors of K texts' features: normalised in float64 and cast once, so rounding does not
+        depend on how many features a text has; a few texts at a time, so the float64 rows stay in the cache."""
+        return l2_normalise_rows(self._unnormalised_vectors(features)).astype(np.float32)
 
     def _features(self, blocks: Sequence[_Block]) -> np.ndarray:
         """(F,) ids of the features of the blocks' joined text, with repeats: n-grams by n, then by position (the

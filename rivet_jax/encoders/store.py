@@ -158,7 +158,7 @@ class EmbeddingStore:
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """(N, dim) float32; row i is the embedding of texts[i]."""
         table, index = self.embed_table(texts)
-        return table[index]
+        return table if len(table) == len(index) else table[index]   # distinct texts: the table is in their order
 
     def forget(self) -> None:
         """Drop the vectors held in memory (those on disk stay there): for passes over more texts than fit."""
