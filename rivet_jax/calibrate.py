@@ -125,7 +125,7 @@ class _EarlyRollouts:
             self._splits = self._thread.submit(self._read_ahead, stage)
 
     def _read_ahead(self, stage: str) -> dict[str, list[Episode]] | None:
-        plots.import_matplotlib()
+        plots.figure_class()   # imported now
         if self._run is None:
             return None
         return logged_splits(next(iter(self._routers_of(stage).values())).config, self._run)

@@ -66,8 +66,8 @@ class TrainData:
 
 def make_train_data(replay: Replay, embeddings: np.ndarray, pool: ModelPool, on_host: bool = False) -> TrainData:
     """The replay and its embedding table on the device, or (`on_host`) left where they are, e.g. on disk."""
-    put = np.asarray if on_host else jnp.asarray
-    return _train_data(replay, embeddings if on_host else jnp.asarray(embeddings, jnp.float32), pool, put)
+    put = np.asarray if on_host else sharding.on_device
+    return _train_data(replay, embeddings if on_host else sharding.on_device(embeddings, np.float32), pool, put)
 
 
 def train_data_shapes(replay: Replay, dim: int, pool: ModelPool) -> TrainData:

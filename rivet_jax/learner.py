@@ -179,6 +179,6 @@ def from_saveable(tree: dict, placed: bool = False) -> TrainState:
     as plain uncommitted ones: orbax restores committed arrays, jit outputs are uncommitted, and passing both
     kinds to one jit compiles it twice."""
     if not placed:
-        tree = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), tree)
+        tree = jax.tree.map(lambda x: jax.device_put(np.asarray(x)), tree)   # (no program per leaf shape)
     return TrainState(params=tree["params"], target_params=tree["target_params"], opt_state=tree["opt_state"],
                       step=tree["step"], key=jax.random.wrap_key_data(tree["key"]))

@@ -4,7 +4,6 @@ have gone and returns None, so every command runs without it; the paper's experi
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -13,24 +12,24 @@ from absl import logging
 INSTALL = 'pip install "rivet_jax[plots]"'
 
 
-def import_matplotlib() -> None:
-    """Imports matplotlib's Figure, if installed: 0.3 s that a command can spend in a thread while it trains, so
-    that its report's `figure` does not wait for it."""
+def figure_class() -> type | None:
+    """matplotlib's Figure, or None where matplotlib is not installed. Its first import takes 0.3 s, which a command
+    can spend in a thread while it trains (calibrate's early rollouts do)."""
     try:
-        importlib.import_module("matplotlib.figure")  # deferred: an optional dependency
+        from matplotlib.figure import Figure  # deferred: an optional dependency
     except ImportError:
-        pass
+        return None
+    return Figure
 
 
 def figure(path: Path, **kwargs) -> Any | None:
     """A matplotlib Figure (straight to a file: no pyplot state, no display backend) for `path`, or None, with a
     log line naming `path`, when matplotlib is not installed."""
-    try:
-        from matplotlib.figure import Figure  # deferred: an optional dependency
-    except ImportError:
+    figure_type = figure_class()
+    if figure_type is None:
         logging.warning("matplotlib is not installed (%s): %s not drawn", INSTALL, path)
         return None
-    return Figure(**kwargs)
+    return figure_type(**kwargs)
 
 
 def save_figure(fig, path: Path, rect: tuple | None = None):

@@ -137,9 +137,9 @@ def keep_previous(q: np.ndarray, previous: np.ndarray) -> np.ndarray:
 
 
 # States per network call in `Router.scores_from_embeddings` (49 models x 32,429 states in one call: 6.9 GB), each
-# call of B > 1 padded to a power of two >= MIN_SCORED_ROWS: two programs serve rollouts' shrinking rounds (a third,
-# for 1,024 states, would cost RouteSim's calibrate a 0.2 s compile for one call of its verdict).
-SCORED_ROWS, MIN_SCORED_ROWS = 512, 256
+# call of B > 1 padded to that many: one program serves every round of a rollout (one per padded size cost RouteSim's
+# calibrate 0.3 s of compiling each; scoring 512 rows instead of 256 costs well under a millisecond).
+SCORED_ROWS = 512
 
 
 class Router:
@@ -312,7 +312,7 @@ class Router:
         cache-aware router adds as lambda x saving (None: nothing cached)."""
         h = np.asarray(h, np.float32)
         parts = [h[i:i + SCORED_ROWS] for i in range(0, max(len(h), 1), SCORED_ROWS)]
-        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, pad_rows(x, MIN_SCORED_ROWS),
+        q = np.concatenate([np.asarray(_q_route_lower(self._net, self._params, pad_rows(x, SCORED_ROWS),
                                                       self._cards, self.pessimism, self.lam))[:len(x)] for x in parts])
         if self.cache_aware and savings is not None:
             q = q + np.float32(self.lam) * np.asarray(savings, np.float32)

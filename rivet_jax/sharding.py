@@ -27,6 +27,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 RUNS, DATA = "runs", "data"
 
 
+def on_device(x, dtype=None) -> jax.Array:
+    """`jnp.asarray(x, dtype)` of a host array (a copy, uncommitted, in JAX's default dtype for it: int64 -> int32
+    where x64 is off) without an XLA program: `jnp.asarray` compiles a small one per shape and dtype, each waiting
+    behind any compile under way in another thread (`engine.ProgramsAhead`: 0.7 s of RouteSim's calibrate for the
+    corpus's dozen arrays); `device_put` converts on the host."""
+    if isinstance(x, jax.Array) and (dtype is None or x.dtype == dtype):
+        return x   # as jnp.asarray: an array already there is kept (a run group's corpora share one table)
+    return jax.device_put(np.asarray(x, dtype))
+
+
 def mesh_devices(num_devices: int = 0) -> list:
     """The first `num_devices` devices (0 = all of them, on every host)."""
     devices = jax.devices()
