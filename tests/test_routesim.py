@@ -190,3 +190,30 @@ def test_oracle_respects_availability(sim):
     episode = run_episode(sim, task.task.id, policy, np.random.default_rng(0), "e", available=available)
     assert {t.model for t in episode.turns} <= set(available)
     assert all(t.available == tuple(available) for t in episode.turns)
+
+
+def test_exact_reports_solved_ahead_in_a_thread_are_those_solved_on_request(monkeypatch):
+    """The main job starts the exact reports its evaluation reads while its routers train (`Evaluator.solve_ahead`):
+    the same reports as solved on request, each solved once in the pool's thread (a full report serving the
+    oracle's row too); what was not asked ahead is solved on request."""
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+    from rivet_jax.experiments.evaluator import Evaluator
+
+    config = routesim_config.get_config("tiny")
+    tiny = make_routesim(config.sim)
+    solved, solve = [], oracle.policy_report
+    monkeypatch.setattr(oracle, "policy_report",
+                        lambda *args, **kwargs: solved.append(threading.current_thread().name) or solve(*args, **kwargs))
+    without_first = tiny.pool.names[1:]
+    asks = [("exact", 0.05, None), ("oracle", 0.1, None), ("exact", 0.05, without_first), ("oracle", 0.05, None)]
+    ahead = Evaluator(tiny, config, 0.002)
+    with ThreadPoolExecutor(1, thread_name_prefix="ahead") as pool:
+        ahead.solve_ahead([("test", 0.05, None, False), ("test", 0.1, None, True), ("test", 0.05, without_first, False)],
+                          pool)
+        got = [getattr(ahead, how)("test", lam, available) for how, lam, available in asks]
+    assert solved == ["ahead_0"] * 3
+    now = Evaluator(tiny, config, 0.002)
+    assert got == [getattr(now, how)("test", lam, available) for how, lam, available in asks]
+    assert ahead.oracle("test", 0.2) == now.oracle("test", 0.2)
+    assert solved == ["ahead_0"] * 3 + ["MainThread"] * 5

@@ -3,6 +3,7 @@ traces), Table 3's Stay / Switch intervention policies, and the row format every
 
 from __future__ import annotations
 
+import concurrent.futures
 from typing import Sequence
 
 import numpy as np
@@ -62,6 +63,17 @@ class Evaluator:
         self.sim, self.config, self.c_ref, self.progress = sim, config, c_ref, progress
         self.traces: dict[str, list[Episode]] = {}  # router -> its recorded episodes (`record`)
         self._exact: dict = {}
+        self._ahead: dict[tuple, concurrent.futures.Future] = {}   # (key, oracle_only) -> its report, solving
+
+    def solve_ahead(self, requests: Sequence[tuple[str, float, Sequence[str] | None, bool]],
+                    pool: concurrent.futures.Executor) -> None:
+        """Starts the exact reports `requests` ((split, lambda, available models or None, oracle only)) in `pool`:
+        they depend on the simulator, the split, lambda and c_ref alone, so the main job solves them (the oracle's
+        DPs: a third of its evaluation) while its routers train. `exact` and `oracle` then wait for them."""
+        for split, lam, available, oracle_only in requests:
+            key = (self._key(split, lam, available), oracle_only)
+            if key not in self._ahead:
+                self._ahead[key] = pool.submit(self._solve, split, lam, key[0][2], oracle_only)
 
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
                  record: str | None = None) -> dict:
@@ -83,14 +95,23 @@ class Evaluator:
         """The oracle's exact row alone (the DP of one policy instead of every policy's)."""
         return self._report(split, lam, available, oracle_only=True)["oracle"]
 
+    def _key(self, split: str, lam: float, available: Sequence[str] | None) -> tuple:
+        return split, lam, None if available is None else tuple(n in available for n in self.sim.pool.names)
+
     def _report(self, split: str, lam: float, available: Sequence[str] | None, oracle_only: bool) -> dict:
-        mask = None if available is None else tuple(n in available for n in self.sim.pool.names)
-        key = (split, lam, mask)
+        key = self._key(split, lam, available)
+        for only in (False, True) if oracle_only else (False,):   # a full report serves the oracle's row too
+            held = self._exact.get(key)
+            if (key, only) in self._ahead and (held is None or not only and "random" not in held):
+                self._exact[key] = self._ahead.pop((key, only)).result()
         if key in self._exact and (oracle_only or "random" in self._exact[key]):
             return self._exact[key]
-        self._exact[key] = oracle.policy_report(self.sim, split, Reward(lam, self.config.reward.gamma, self.c_ref),
-                                                available=mask, oracle_only=oracle_only)
+        self._exact[key] = self._solve(split, lam, key[2], oracle_only)
         return self._exact[key]
+
+    def _solve(self, split: str, lam: float, mask: tuple | None, oracle_only: bool) -> dict:
+        return oracle.policy_report(self.sim, split, Reward(lam, self.config.reward.gamma, self.c_ref),
+                                    available=mask, oracle_only=oracle_only)
 
 
 def row(router: str, split: str, metrics: dict, oracle_return: float, reference_cost_usd: float,

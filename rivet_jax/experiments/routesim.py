@@ -20,10 +20,11 @@ episodes per task, the same seeds for every router).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import ml_collections
 import numpy as np
@@ -179,8 +180,7 @@ def online_curve(run_dirs: Sequence[Path], split: str) -> list[dict]:
 def unavailability(ev: Evaluator, routers: dict[str, Policy], rivet_online: list[Router], lam: float) -> list[dict]:
     """Table 5: the most expensive, then the cheapest model removed at test time; cost relative to RIVET."""
     split, names, rows = ev.config.evaluate.split, ev.sim.pool.names, []
-    price = {c.name: c.price_in_per_mtok + c.price_out_per_mtok for c in ev.sim.pool.cards}
-    for removed in (max(price, key=price.get), min(price, key=price.get)):
+    for removed in removed_models(ev.sim.pool):
         available = [n for n in names if n != removed]
         exact = ev.exact(split, lam, available)
         top = exact["oracle"]["return"]
@@ -194,6 +194,22 @@ def unavailability(ev: Evaluator, routers: dict[str, Policy], rivet_online: list
                  for name, policy in routers.items()]
         rows.append({**seed_row("RIVET Online", split, ours, top, reference), "pool": pool})
     return rows
+
+
+def removed_models(pool) -> tuple[str, str]:
+    """Table 5's two pools' missing model: the most expensive, then the cheapest (input + output price)."""
+    price = {c.name: c.price_in_per_mtok + c.price_out_per_mtok for c in pool.cards}
+    return max(price, key=price.get), min(price, key=price.get)
+
+
+def exact_requests(config: ml_collections.ConfigDict, pool) -> list[tuple]:
+    """The exact reports the evaluation reads ((split, lambda, available models or None, oracle only), as
+    `Evaluator.solve_ahead` takes them): Table 1's per split, Table 5's without each removed model, and the oracle at
+    every lambda of the sweep (Figure 3) and of the frontier (the scatter)."""
+    split, rp, lam = config.evaluate.split, config.reproduce, config.reward.lam
+    return [*((s, lam, None, False) for s in (split, *rp.ood_splits)),
+            *((split, lam, [n for n in pool.names if n != removed], False) for removed in removed_models(pool)),
+            *((split, x, None, True) for x in (*routesim_report.sweep_lambdas(config), *rp.frontier_lambdas))]
 
 
 def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list[dict]:
@@ -271,10 +287,24 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         prefix = f"[phase {phase}/6] " if phase else "  "
         logging.info("%s%s (%s)", prefix, message, phases.mark(message))
 
+    ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exact_ahead")   # the oracle's DPs
+    try:
+        return _reproduce(config, workdir, log, phases, ahead)
+    finally:
+        ahead.shutdown(cancel_futures=True)
+
+
+def _reproduce(config: ml_collections.ConfigDict, workdir: Path, log: Callable, phases: Phases,
+               ahead: concurrent.futures.Executor) -> dict:
     lam, rp = config.reward.lam, config.reproduce
     log("collect the logged corpus", 1)
     corpus = collected_corpus(config, workdir)
     episodes_path, cards_path = corpus_files(corpus)
+    sim = make_routesim(config.sim)
+    episodes = read_episodes(episodes_path, sim.pool).episodes
+    c_ref = reference_cost(episodes)
+    ev = Evaluator(sim, config, c_ref)
+    ev.solve_ahead(exact_requests(config, sim.pool), ahead)   # in a thread while the routers train
 
     settings = selection.grid(config)
     listed = "; ".join(map(selection.label, settings))
@@ -283,7 +313,6 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         f"together, then their online stages in lockstep", 2)
     by_setting = train_variants(config, episodes_path, cards_path, workdir,
                                 {selection.variant(s): (selection.overrides(s), "all") for s in settings}, rp.seeds)
-    sim = make_routesim(config.sim)
     chosen, selected = selection.select(config, sim, {s: by_setting[selection.variant(s)] for s in settings})
     main_dirs = by_setting[selection.variant(chosen)]
     sweep = routesim_report.sweep_lambdas(config)
@@ -304,6 +333,11 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
         f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
     cache_dirs, cache_episodes = prompt_cache.train_routers(config, workdir, at_chosen, rp.seeds)
+    # the caching corpus' c_ref (its mean per-turn cost, cached prices included): the prompt-cache rows' unit
+    cached, cache_c_ref = prompt_cache.cache_config(config), reference_cost(cache_episodes)
+    cache_sim = make_routesim(cached.sim)
+    cache_ev = Evaluator(cache_sim, cached, cache_c_ref)
+    cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
     # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
     extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
     members = f"{selection.variant(chosen)}_members"
@@ -328,13 +362,8 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     other_settings = {r["router"]: by_setting[selection.variant((r["alpha"], r["cql_on"]))] for r in selected
                       if not r["chosen"] and r["alpha"] > 0}
     log("fit the baselines", 4)
-    episodes = read_episodes(episodes_path, sim.pool).episodes
-    c_ref = reference_cost(episodes)
     store = embedding_store(config, make_encoder(config.encoder), workdir)
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
-    # the caching corpus' c_ref (its mean per-turn cost, cached prices included): the prompt-cache rows' unit
-    cached, cache_c_ref = prompt_cache.cache_config(config), reference_cost(cache_episodes)
-    cache_sim = make_routesim(cached.sim)
     cache_baselines = fit_baselines(cached, cache_episodes, cache_sim.pool, store, lam, cache_c_ref)
 
     log("evaluate", 5)
@@ -344,7 +373,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     + 2 * len(sweep_dirs) * seeds
                     + 2 * (fitted + seeds) + seeds    # Tables 1, 2, Figure 3, Table 5, Table 3
                     + len(cache_baselines) + 2 * seeds)  # the prompt cache
-    ev = Evaluator(sim, config, c_ref, Progress("evaluation (rollout sets)", rollout_sets))
+    ev.progress = cache_ev.progress = Progress("evaluation (rollout sets)", rollout_sets)
     experiments: dict[str, list[dict]] = {}
     experiments["table1"] = table1(ev, baselines, {"RIVET Offline": offline, "RIVET Online": onlines}, splits, lam)
     log("Table 1 done")
@@ -366,7 +395,7 @@ def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     experiments["scatter"] = scatter(ev, experiments["table1"])
     experiments["budget_frontier"] = budget_frontier(ev, experiments["lambda_sweep"], experiments["scatter"])
     experiments["prompt_cache"] = prompt_cache.rows(
-        Evaluator(cache_sim, cached, cache_c_ref, ev.progress), cache_baselines,
+        cache_ev, cache_baselines,
         *([Router.from_checkpoint(d, stage="td") for d in cache_dirs[name]]
           for name in (prompt_cache.CACHE_AWARE, prompt_cache.CACHE_BLIND)), lam)
     log("the prompt cache (cache-aware against cache-blind) done")
