@@ -329,6 +329,9 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, log: Callable, 
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
         f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
+    # The oracle's DPs, in a thread while the chosen setting's runs train (their offline programs wait on XLA, not
+    # on the interpreter). Run beside the evaluation's rollouts instead, both held the interpreter in turn: no gain.
+    ev.solve_ahead(exact_requests(config, sim.pool), ahead)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
     log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
         f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
@@ -337,6 +340,7 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, log: Callable, 
     cached, cache_c_ref = prompt_cache.cache_config(config), reference_cost(cache_episodes)
     cache_sim = make_routesim(cached.sim)
     cache_ev = Evaluator(cache_sim, cached, cache_c_ref)
+    cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
     # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
     extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
     members = f"{selection.variant(chosen)}_members"
@@ -360,11 +364,6 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, log: Callable, 
     # The grid's other settings (the paper's among them) are rows of Table 2 and of the diagnostics.
     other_settings = {r["router"]: by_setting[selection.variant((r["alpha"], r["cql_on"]))] for r in selected
                       if not r["chosen"] and r["alpha"] > 0}
-    # The oracle's DPs, in a thread from here on, in the order the evaluation reads them: while the baselines fit
-    # and the evaluation rolls routers out in Python. Started while the routers trained, they slowed training by
-    # as much as they saved (the offline programs fill both cores).
-    ev.solve_ahead(exact_requests(config, sim.pool), ahead)
-    cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
     log("fit the baselines", 4)
     store = embedding_store(config, make_encoder(config.encoder), workdir)
     baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
