@@ -71,9 +71,9 @@ class Evaluator:
         they depend on the simulator, the split, lambda and c_ref alone, so the main job solves them (the oracle's
         DPs: a third of its evaluation) while its routers train. `exact` and `oracle` then wait for them."""
         for split, lam, available, oracle_only in requests:
-            key = (self._key(split, lam, available), oracle_only)
-            if key not in self._ahead:
-                self._ahead[key] = pool.submit(self._solve, split, lam, key[0][2], oracle_only)
+            key = self._key(split, lam, available)
+            if (key, oracle_only) not in self._ahead:
+                self._ahead[key, oracle_only] = pool.submit(self._solve, *key, oracle_only)
 
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
                  record: str | None = None) -> dict:
@@ -96,6 +96,7 @@ class Evaluator:
         return self._report(split, lam, available, oracle_only=True)["oracle"]
 
     def _key(self, split: str, lam: float, available: Sequence[str] | None) -> tuple:
+        """(split, lambda, availability mask over the pool or None): what a report depends on, `_solve`'s arguments."""
         return split, lam, None if available is None else tuple(n in available for n in self.sim.pool.names)
 
     def _report(self, split: str, lam: float, available: Sequence[str] | None, oracle_only: bool) -> dict:
@@ -106,7 +107,7 @@ class Evaluator:
                 self._exact[key] = self._ahead.pop((key, only)).result()
         if key in self._exact and (oracle_only or "random" in self._exact[key]):
             return self._exact[key]
-        self._exact[key] = self._solve(split, lam, key[2], oracle_only)
+        self._exact[key] = self._solve(*key, oracle_only)
         return self._exact[key]
 
     def _solve(self, split: str, lam: float, mask: tuple | None, oracle_only: bool) -> dict:

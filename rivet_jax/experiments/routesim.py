@@ -24,7 +24,7 @@ import concurrent.futures
 import json
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import ml_collections
 import numpy as np
@@ -281,22 +281,20 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 
 
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    workdir = Path(workdir)
+    ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exact_ahead")   # the oracle's DPs
+    try:
+        return _reproduce(config, Path(workdir), ahead)
+    finally:   # (a failed job does not wait for the DPs still queued)
+        ahead.shutdown(cancel_futures=True)
+
+
+def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurrent.futures.Executor) -> dict:
     phases = Phases()
 
     def log(message: str, phase: int | None = None) -> None:
         prefix = f"[phase {phase}/6] " if phase else "  "
         logging.info("%s%s (%s)", prefix, message, phases.mark(message))
 
-    ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exact_ahead")   # the oracle's DPs
-    try:
-        return _reproduce(config, workdir, log, phases, ahead)
-    finally:
-        ahead.shutdown(cancel_futures=True)
-
-
-def _reproduce(config: ml_collections.ConfigDict, workdir: Path, log: Callable, phases: Phases,
-               ahead: concurrent.futures.Executor) -> dict:
     lam, rp = config.reward.lam, config.reproduce
     log("collect the logged corpus", 1)
     corpus = collected_corpus(config, workdir)
