@@ -17,11 +17,12 @@ The new replay lives on device in arrays (R, capacity, ...) of embedding vectors
 shape, and a chunk's capacity doubles when it fills (one more compile each time, at most a few per run: most runs
 stop early, and room for every pass held ~150 MB per run that they never filled). Progress (state, the new
 replay's filled rows, counters) is checkpointed per run at every validation under stage "online_progress", so a
-killed run resumes where it was.
+killed run resumes where it was; the saves land in a background thread (`Writer`) while the next trajectories run.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -193,17 +194,22 @@ class OnlineRun:
         return evaluation.episode_metrics(episodes, Reward.of(self.config, self.prepared.c_ref),
                                           self.config.online.eval_rollouts)
 
-    def save_progress(self, state: TrainState, replay: Batch, num_new: int) -> None:
-        """The state and the filled rows of the new replay (the empty capacity is not written)."""
+    def save_progress(self, state: TrainState, replay: Batch, num_new: int, writer: "Writer") -> None:
+        """The state and the filled rows of the new replay (the empty capacity is not written), saved by `writer`.
+        `state` and `replay` must be this run's own arrays (`RunChunks.state`, `.replay`: no update donates them)."""
         self.check_finite(state)
-        # Sliced on the host: a device slice would compile one program for every distinct num_new.
-        filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
-        self.saved.save(self.progress.trajectories, {"state": saveable(state), "replay": filled},
-                        {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new})
+        meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new}
 
-    def save_best(self, state: TrainState) -> None:
+        def save():
+            # Sliced on the host: a device slice would compile one program for every distinct num_new.
+            filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
+            self.saved.save(meta["progress"]["trajectories"], {"state": saveable(state), "replay": filled}, meta)
+
+        writer.submit(save)
+
+    def save_best(self, state: TrainState, writer: "Writer") -> None:
         self.check_finite(state)
-        self.best.save(self.progress.trajectories, saveable(state), self.meta)
+        writer.submit(functools.partial(self.best.save, self.progress.trajectories, saveable(state), self.meta))
 
     def where(self) -> str:
         return f"stage online of {self.workdir}"
@@ -219,6 +225,35 @@ class OnlineRun:
     def close(self) -> None:
         self.best.close()
         self.saved.close()
+
+
+class Writer:
+    """Checkpoint saves in one background thread, in the order submitted: a save waits on the disk (orbax's
+    writes, fsyncs and renames: ~0.1 s each, two per run and validation), and the next trajectories need not wait
+    with it. `wait` returns once every save has landed, and raises the first that failed. A kill loses at most the
+    saves not yet landed: each is atomic (`checkpointing`), so the run resumes from the one before, and best-state
+    saves land before the progress save of the same validation."""
+
+    def __init__(self):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="online-checkpoints")
+        self._pending: list[concurrent.futures.Future] = []
+
+    def submit(self, save: Callable[[], None]) -> None:
+        for landed in [f for f in self._pending if f.done()]:
+            landed.result()   # a failed save stops the run at its next save
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(save))
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown()
 
 
 def max_rows(env, config) -> int:
@@ -342,7 +377,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
             improved = scores["return"] > progress.best_score
             if improved:
                 progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
-                run.save_best(chunks.state(r))
+                run.save_best(chunks.state(r), writer)
             else:
                 progress.since_best += 1
             progress.validations.append(record)
@@ -358,68 +393,74 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                          point, len(validating), np.mean(returns), min(returns), max(returns),
                          sum(runs[r].progress.since_best == 0 for r in validating))
 
-    active = [r for r, run in enumerate(runs) if not run.progress.finished]
-    if active and not runs[active[0]].progress.validations:
-        validate(active)  # the offline router is the first candidate for "best"
-    started = time.perf_counter()
-    progress = Progress("online adaptation (lockstep trajectories, at most)", max(len(runs[r].order) for r in active)
-                         if active else 0)
-    while active:
-        k = runs[active[0]].progress.trajectories
-        episodes = run_episodes(env, [runs[r].order[k] for r in active],
-                                members(lambda group, i: Explorer(group, i, epsilon(k, config)), active),
-                                [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
-                                [f"online/{k}"] * len(active))
-        lengths = np.zeros(len(runs), np.int32)
-        for r, episode in zip(active, episodes):
-            rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
-                                    Reward.of(runs[r].config, first.c_ref))
-            c, i = chunks.where(r)
-            chunks.reserve(c, int(num_new[r]) + max_turns)
-            chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
-                                            jnp.int32(num_new[r]))
-            lengths[r] = len(episode.turns)
-        steps = [(lengths > j, num_new + np.minimum(lengths, j + 1)) for j in range(int(lengths.max()))]
-        num_new = num_new + lengths
+    writer = Writer()
+    try:
+        active = [r for r, run in enumerate(runs) if not run.progress.finished]
+        if active and not runs[active[0]].progress.validations:
+            validate(active)  # the offline router is the first candidate for "best"
+        started = time.perf_counter()
+        progress = Progress("online adaptation (lockstep trajectories, at most)",
+                            max(len(runs[r].order) for r in active) if active else 0)
+        while active:
+            k = runs[active[0]].progress.trajectories
+            episodes = run_episodes(env, [runs[r].order[k] for r in active],
+                                    members(lambda group, i: Explorer(group, i, epsilon(k, config)), active),
+                                    [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
+                                    [f"online/{k}"] * len(active))
+            lengths = np.zeros(len(runs), np.int32)
+            for r, episode in zip(active, episodes):
+                rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
+                                        Reward.of(runs[r].config, first.c_ref))
+                c, i = chunks.where(r)
+                chunks.reserve(c, int(num_new[r]) + max_turns)
+                chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
+                                                jnp.int32(num_new[r]))
+                lengths[r] = len(episode.turns)
+            steps = [(lengths > j, num_new + np.minimum(lengths, j + 1)) for j in range(int(lengths.max()))]
+            num_new = num_new + lengths
 
-        def step_chunk(c: int) -> list[np.ndarray]:
-            """Chunk c's updates, one per new transition of its runs (those whose episode ended sit out); the
-            chunks step side by side (`engine.in_threads`), each its own state."""
-            rs, out = chunks.members[c], []
-            for stepping, new_rows in steps:
-                if stepping[rs].any():
-                    chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c], chunks.replays[c],
-                                                       jnp.asarray(new_rows[rs], jnp.int32), jnp.asarray(stepping[rs]))
-                    out.append(metrics["loss"])
-            return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
+            def step_chunk(c: int) -> list[np.ndarray]:
+                """Chunk c's updates, one per new transition of its runs (those whose episode ended sit out); the
+                chunks step side by side (`engine.in_threads`), each its own state."""
+                rs, out = chunks.members[c], []
+                for stepping, new_rows in steps:
+                    if stepping[rs].any():
+                        # numpy arguments: jnp.asarray would convert their dtype on the device, one XLA call each
+                        chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c],
+                                                           chunks.replays[c], new_rows[rs].astype(np.int32),
+                                                           stepping[rs])
+                        out.append(metrics["loss"])
+                return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
 
-        losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
-        for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members), side_by_side(mesh))):
-            rs = chunks.members[c]
-            for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any of its runs does
-                losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
-        for r in active:
-            runs[r].progress.trajectories += 1
-            steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
-            check_losses(losses[:lengths[r], r], f"{runs[r].where()} (trajectory {k + 1})", steps_before,
-                         runs[r].config, first.c_ref, STAGE)
-        if (k + 1) % config.online.validate_every == 0:
-            validate(active)
-        for r in list(active):
-            run, counters = runs[r], runs[r].progress
-            stop = (counters.trajectories % config.online.validate_every == 0
-                    and counters.trajectories >= config.online.early_stop_after
-                    and counters.since_best >= config.online.patience)
-            counters.finished = stop or counters.trajectories >= len(run.order)
-            if counters.trajectories % config.online.validate_every == 0 or counters.finished:
-                run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]))
-            if stop:
-                logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
-                             counters.trajectories, counters.best_at)
-            if counters.finished:
-                active.remove(r)
-        progress.step()
-    logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
+            losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
+            for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members), side_by_side(mesh))):
+                rs = chunks.members[c]
+                for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any run does
+                    losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
+            for r in active:
+                runs[r].progress.trajectories += 1
+                steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
+                check_losses(losses[:lengths[r], r], f"{runs[r].where()} (trajectory {k + 1})", steps_before,
+                             runs[r].config, first.c_ref, STAGE)
+            if (k + 1) % config.online.validate_every == 0:
+                validate(active)
+            for r in list(active):
+                run, counters = runs[r], runs[r].progress
+                stop = (counters.trajectories % config.online.validate_every == 0
+                        and counters.trajectories >= config.online.early_stop_after
+                        and counters.since_best >= config.online.patience)
+                counters.finished = stop or counters.trajectories >= len(run.order)
+                if counters.trajectories % config.online.validate_every == 0 or counters.finished:
+                    run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), writer)
+                if stop:
+                    logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
+                                 counters.trajectories, counters.best_at)
+                if counters.finished:
+                    active.remove(r)
+            progress.step()
+        logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
+    finally:
+        writer.close()
 
 
 def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, prepared: Sequence[PreparedData],
