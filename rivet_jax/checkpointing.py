@@ -72,6 +72,7 @@ class StageCheckpoints:
                  keep_period: int | None = None):
         self.directory = stage_dir(workdir, stage)
         self._latest = newest_intact(self.directory, repair)
+        self._verified = set() if self._latest is None else {self._latest}   # epochs this reader found intact
         self.max_to_keep, self.keep_period = max_to_keep, keep_period
         # Synchronous saves: a save has landed on disk when `save` returns, so a kill right after loses nothing.
         # Orbax keeps every step: older ones are deleted here (`_prune`), only once the new one is verified. Orbax's
@@ -86,6 +87,7 @@ class StageCheckpoints:
 
     def save(self, epoch: int, state: Any, meta: dict) -> None:
         meta = {**meta, "epoch": epoch, "format_version": FORMAT_VERSION}
+        self._verified.discard(epoch)
         self._manager.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                           meta=ocp.args.JsonSave(meta)))
         self._manager.wait_until_finished()
@@ -103,6 +105,7 @@ class StageCheckpoints:
         for step in older[self.max_to_keep - 1:]:
             if not (self.keep_period and step % self.keep_period == 0):
                 self._manager.delete(step)
+                self._verified.discard(step)
 
     def restore_meta(self, epoch: int | None = None) -> dict:
         epoch = self._existing(epoch)
@@ -123,14 +126,20 @@ class StageCheckpoints:
         """Only the network parameters of `epoch` (default: the latest), shaped like `like_params` (arrays or
         `jax.ShapeDtypeStruct`s), and the meta: what a router needs, without the optimizer that trained them."""
         epoch = self._existing(epoch)
-        self._check_shapes(epoch, like_params)
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = {"params": abstract_tree(like_params, device)}
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)  # onto one device, whoever saved it
-        restored = self._manager.restore(epoch, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
-            meta=ocp.args.JsonRestore()))
-        return restored["state"]["params"], self._checked(epoch, restored["meta"])
+        try:
+            restored = self._manager.restore(epoch, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+                meta=ocp.args.JsonRestore()))
+        except Exception:
+            self._check_shapes(epoch, like_params)   # other shapes: named; else orbax's own error
+            raise
+        params = restored["state"]["params"]
+        if jax.tree.map(_shape_text, params) != jax.tree.map(_shape_text, like_params):
+            self._check_shapes(epoch, like_params)
+        return params, self._checked(epoch, restored["meta"])
 
     def _check_shapes(self, epoch: int, like_params: Any) -> None:
         """CheckpointMismatchError listing the stored parameters whose shapes differ from `like_params`' (what the
@@ -156,16 +165,20 @@ class StageCheckpoints:
         return sorted(int(step) for step in self._manager.all_steps())
 
     def _existing(self, epoch: int | None) -> int:
-        """`epoch` (default: the newest intact) if its checkpoint is on disk and intact; else a clear error."""
+        """`epoch` (default: the newest intact) if its checkpoint is on disk and intact; else a clear error. An
+        epoch is verified once by this reader (a router's meta and parameters are two reads of one step)."""
         if epoch is None:
             if self.latest_epoch() is None:
                 raise FileNotFoundError(f"no checkpoint in {self.directory}")
             return self.latest_epoch()
+        if epoch in self._verified:
+            return epoch
         if epoch not in (kept := self.epochs()):
             raise FileNotFoundError(f"no checkpoint of epoch {epoch} in {self.directory} (kept: "
                                     f"{', '.join(map(str, kept)) or 'none'})")
         if (why := damage(self.directory / str(epoch))) is not None:
             raise DamagedCheckpointError(f"{self.directory / str(epoch)} is damaged: {why}")
+        self._verified.add(epoch)
         return epoch
 
 
