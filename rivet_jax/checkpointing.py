@@ -18,11 +18,12 @@ rules) before anything it describes is built or loaded.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -55,6 +56,35 @@ class DamagedCheckpointError(ValueError):
 class NonFiniteError(FloatingPointError):
     """A loss or parameters hold NaN or inf, at any stage (MC, TD, online) or in a router's checkpoint: training
     saves nothing of the epoch (or trajectory) that produced them, and a router never loads them."""
+
+
+class BackgroundSaves:
+    """Saves (any callables, e.g. `StageCheckpoints.save`) run in one background thread, in the order submitted: a
+    save waits on the disk (orbax's writes, fsyncs and renames: about 0.1 s each), and training need not wait with
+    it. `wait` returns once every save has landed and raises the first that failed; a failed save also stops the
+    next `submit`. Each save is atomic, so a kill loses at most the saves not yet landed, and a run resumes from
+    the one before. One process only: a multi-process save meets the other processes in barriers."""
+
+    def __init__(self):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-saves")
+        self._pending: list[concurrent.futures.Future] = []
+
+    def submit(self, save: Callable[[], None]) -> None:
+        for landed in [f for f in self._pending if f.done()]:
+            landed.result()
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(save))
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown()
 
 
 def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:

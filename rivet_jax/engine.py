@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import sharding
+from rivet_jax import checkpointing, sharding
 from rivet_jax.corpus import TrainData, gather_batch
 from rivet_jax.learner import (RunValues, TrainState, grouped, make_optimizer, make_update, run_values, runs_vmapped,
                                shape_signature, stack, template_state, unstack, with_run_rewards)
@@ -323,8 +323,9 @@ def place(states: TrainState, data: TrainData, values: RunValues, mesh) -> tuple
 def train_together(runs: Sequence[StageRun], on_epoch_end: Callable | None = None,
                    ahead: ProgramsAhead | None = None) -> TrainState:
     """Steps `runs` (one stage, one shape signature, one resume epoch) to the stage's end as one program; returns
-    their stacked final states. `on_epoch_end(stage, epoch, records)` follows every epoch (records: one per run);
-    `ahead`: where the stage's program may have been compiled already."""
+    their stacked final states. `on_epoch_end(stage, epoch, records)` follows every epoch (records: one per run;
+    the epoch's checkpoints may still be landing); `ahead`: where the stage's program may have been compiled
+    already."""
     config, stage, data = runs[0].config, runs[0].stage, runs[0].prepared.data
     net, tx = make_network(config), make_optimizer(Optim.of(config))
     mesh = group_mesh(config, len(runs), data.on_host)
@@ -336,16 +337,23 @@ def train_together(runs: Sequence[StageRun], on_epoch_end: Callable | None = Non
     make_epoch = make_host_fed_group_epoch if data.on_host else make_group_epoch
     compiled = ahead.program(config, stage) if ahead is not None and not data.on_host else None
     group_epoch = compiled or make_epoch(net, tx, config, stage, mesh)
-    for epoch in range(runs[0].resume_epoch(), runs[0].epochs):
-        started = time.perf_counter()
-        states, metrics, batches = group_epoch(states, data, values, jnp.asarray(epoch, jnp.int32))
-        metrics, batches = jax.device_get((metrics, batches))
-        seconds = time.perf_counter() - started
-        records = [run.end_epoch(unstack(states, r), {k: v[r] for k, v in metrics.items()}, batches[r], seconds,
-                                 epoch) for r, run in enumerate(runs)]
-        _log_group_epoch(records)
-        if on_epoch_end is not None:
-            on_epoch_end(stage, epoch + 1, records)
+    # Each epoch's checkpoints land while the next epoch trains (one process: see BackgroundSaves); all have landed
+    # when this returns or raises (an `on_epoch_end` that raises included).
+    saves = checkpointing.BackgroundSaves() if jax.process_count() == 1 else None
+    try:
+        for epoch in range(runs[0].resume_epoch(), runs[0].epochs):
+            started = time.perf_counter()
+            states, metrics, batches = group_epoch(states, data, values, jnp.asarray(epoch, jnp.int32))
+            metrics, batches = jax.device_get((metrics, batches))
+            seconds = time.perf_counter() - started
+            records = [run.end_epoch(unstack(states, r), {k: v[r] for k, v in metrics.items()}, batches[r],
+                                     seconds, epoch, saves) for r, run in enumerate(runs)]
+            _log_group_epoch(records)
+            if on_epoch_end is not None:
+                on_epoch_end(stage, epoch + 1, records)
+    finally:
+        if saves is not None:
+            saves.close()
     return states
 
 

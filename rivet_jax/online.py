@@ -17,12 +17,12 @@ The new replay lives on device in arrays (R, capacity, ...) of embedding vectors
 shape, and a chunk's capacity doubles when it fills (one more compile each time, at most a few per run: most runs
 stop early, and room for every pass held ~150 MB per run that they never filled). Progress (state, the new
 replay's filled rows, counters) is checkpointed per run at every validation under stage "online_progress", so a
-killed run resumes where it was; the saves land in a background thread (`Writer`) while the next trajectories run.
+killed run resumes where it was; the saves land in a background thread (`checkpointing.BackgroundSaves`) while
+the next trajectories run.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -194,8 +194,9 @@ class OnlineRun:
         return evaluation.episode_metrics(episodes, Reward.of(self.config, self.prepared.c_ref),
                                           self.config.online.eval_rollouts)
 
-    def save_progress(self, state: TrainState, replay: Batch, num_new: int, writer: "Writer") -> None:
-        """The state and the filled rows of the new replay (the empty capacity is not written), saved by `writer`.
+    def save_progress(self, state: TrainState, replay: Batch, num_new: int,
+                      saves: checkpointing.BackgroundSaves) -> None:
+        """The state and the filled rows of the new replay (the empty capacity is not written), saved by `saves`.
         `state` and `replay` must be this run's own arrays (`RunChunks.state`, `.replay`: no update donates them)."""
         self.check_finite(state)
         meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new}
@@ -205,11 +206,11 @@ class OnlineRun:
             filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
             self.saved.save(meta["progress"]["trajectories"], {"state": saveable(state), "replay": filled}, meta)
 
-        writer.submit(save)
+        saves.submit(save)
 
-    def save_best(self, state: TrainState, writer: "Writer") -> None:
+    def save_best(self, state: TrainState, saves: checkpointing.BackgroundSaves) -> None:
         self.check_finite(state)
-        writer.submit(functools.partial(self.best.save, self.progress.trajectories, saveable(state), self.meta))
+        saves.submit(functools.partial(self.best.save, self.progress.trajectories, saveable(state), self.meta))
 
     def where(self) -> str:
         return f"stage online of {self.workdir}"
@@ -225,35 +226,6 @@ class OnlineRun:
     def close(self) -> None:
         self.best.close()
         self.saved.close()
-
-
-class Writer:
-    """Checkpoint saves in one background thread, in the order submitted: a save waits on the disk (orbax's
-    writes, fsyncs and renames: ~0.1 s each, two per run and validation), and the next trajectories need not wait
-    with it. `wait` returns once every save has landed, and raises the first that failed. A kill loses at most the
-    saves not yet landed: each is atomic (`checkpointing`), so the run resumes from the one before, and best-state
-    saves land before the progress save of the same validation."""
-
-    def __init__(self):
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="online-checkpoints")
-        self._pending: list[concurrent.futures.Future] = []
-
-    def submit(self, save: Callable[[], None]) -> None:
-        for landed in [f for f in self._pending if f.done()]:
-            landed.result()   # a failed save stops the run at its next save
-        self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._pool.submit(save))
-
-    def wait(self) -> None:
-        pending, self._pending = self._pending, []
-        for future in pending:
-            future.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            self._pool.shutdown()
 
 
 def max_rows(env, config) -> int:
@@ -377,7 +349,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
             improved = scores["return"] > progress.best_score
             if improved:
                 progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
-                run.save_best(chunks.state(r), writer)
+                run.save_best(chunks.state(r), saves)
             else:
                 progress.since_best += 1
             progress.validations.append(record)
@@ -393,7 +365,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                          point, len(validating), np.mean(returns), min(returns), max(returns),
                          sum(runs[r].progress.since_best == 0 for r in validating))
 
-    writer = Writer()
+    saves = checkpointing.BackgroundSaves()
     try:
         active = [r for r, run in enumerate(runs) if not run.progress.finished]
         if active and not runs[active[0]].progress.validations:
@@ -451,7 +423,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                         and counters.since_best >= config.online.patience)
                 counters.finished = stop or counters.trajectories >= len(run.order)
                 if counters.trajectories % config.online.validate_every == 0 or counters.finished:
-                    run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), writer)
+                    run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), saves)
                 if stop:
                     logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
                                  counters.trajectories, counters.best_at)
@@ -460,7 +432,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
             progress.step()
         logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
     finally:
-        writer.close()
+        saves.close()
 
 
 def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, prepared: Sequence[PreparedData],

@@ -226,10 +226,12 @@ class StageRun:
                                                                              self.prepared, template, mesh)
         return init_train_state(net, tx, params, template.key)
 
-    def end_epoch(self, state: TrainState, metrics: dict, batches: np.ndarray, seconds: float, epoch: int) -> dict:
+    def end_epoch(self, state: TrainState, metrics: dict, batches: np.ndarray, seconds: float, epoch: int,
+                  saves: checkpointing.BackgroundSaves | None = None) -> dict:
         """After epoch `epoch` (0-based) of `metrics` (per step, numpy): the non-finite checks (losses, then
         parameters), the checkpoint, and the metrics.jsonl record (written after the save: a logged epoch is never
-        lost to a kill)."""
+        lost to a kill). With `saves` both land in its background thread (`state`: this run's own arrays, which no
+        later update donates)."""
         first_step = int(state.step) - len(metrics["loss"])
         replay = self.prepared.replay
         where, c_ref = f"stage {self.stage}", self.prepared.c_ref
@@ -240,11 +242,20 @@ class StageRun:
         record = {"stage": self.stage, "epoch": epoch + 1, "epochs": self.epochs, "step": int(state.step),
                   **{k: float(np.mean(v)) for k, v in metrics.items()},
                   "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
-        if (epoch + 1) % self.config.checkpoint_every_epochs == 0 or epoch + 1 == self.epochs:
-            self.checkpoints.save(epoch + 1, saveable(state), checkpoint_meta(self.config, self.prepared, self.stage))
-        if jax.process_index() == 0:  # one record per epoch, not one per host
-            with open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
+        checkpointed = (epoch + 1) % self.config.checkpoint_every_epochs == 0 or epoch + 1 == self.epochs
+        meta = checkpoint_meta(self.config, self.prepared, self.stage)
+
+        def save() -> None:
+            if checkpointed:
+                self.checkpoints.save(epoch + 1, saveable(state), meta)
+            if jax.process_index() == 0:  # one record per epoch, not one per host
+                with open(self.workdir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+
+        if saves is None:
+            save()
+        else:
+            saves.submit(save)
         return record
 
     def close(self) -> None:
