@@ -86,6 +86,12 @@ class BackgroundSaves:
         finally:
             self._pool.shutdown()
 
+    def __enter__(self) -> "BackgroundSaves":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:
     return Path(workdir).resolve() / "checkpoints" / stage

@@ -201,10 +201,12 @@ class OnlineRun:
         self.check_finite(state)
         meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new}
 
+        trajectories, state = self.progress.trajectories, saveable(state)
+
         def save():
             # Sliced on the host: a device slice would compile one program for every distinct num_new.
             filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
-            self.saved.save(meta["progress"]["trajectories"], {"state": saveable(state), "replay": filled}, meta)
+            self.saved.save(trajectories, {"state": state, "replay": filled}, meta)
 
         saves.submit(save)
 
@@ -306,9 +308,10 @@ class RunChunks:
 
 
 def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], filled: Sequence[Batch],
-                   num_new: np.ndarray, env: Env, net, tx, on_validation: Callable[[dict], None] | None = None) -> None:
+                   num_new: np.ndarray, env: Env, net, tx, saves: checkpointing.BackgroundSaves,
+                   on_validation: Callable[[dict], None] | None = None) -> None:
     """Steps `runs` (same shape signature and trajectory count; `net` and `tx` their network and optimizer) to
-    their ends."""
+    their ends; their checkpoints go through `saves`."""
     config, first = runs[0].config, runs[0].prepared
     mesh = sharding.make_mesh(config.devices)
     sharding.check_divisible(config.optim.batch_size, mesh)
@@ -365,74 +368,70 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                          point, len(validating), np.mean(returns), min(returns), max(returns),
                          sum(runs[r].progress.since_best == 0 for r in validating))
 
-    saves = checkpointing.BackgroundSaves()
-    try:
-        active = [r for r, run in enumerate(runs) if not run.progress.finished]
-        if active and not runs[active[0]].progress.validations:
-            validate(active)  # the offline router is the first candidate for "best"
-        started = time.perf_counter()
-        progress = Progress("online adaptation (lockstep trajectories, at most)",
-                            max(len(runs[r].order) for r in active) if active else 0)
-        while active:
-            k = runs[active[0]].progress.trajectories
-            episodes = run_episodes(env, [runs[r].order[k] for r in active],
-                                    members(lambda group, i: Explorer(group, i, epsilon(k, config)), active),
-                                    [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
-                                    [f"online/{k}"] * len(active))
-            lengths = np.zeros(len(runs), np.int32)
-            for r, episode in zip(active, episodes):
-                rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
-                                        Reward.of(runs[r].config, first.c_ref))
-                c, i = chunks.where(r)
-                chunks.reserve(c, int(num_new[r]) + max_turns)
-                chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
-                                                jnp.int32(num_new[r]))
-                lengths[r] = len(episode.turns)
-            steps = [(lengths > j, num_new + np.minimum(lengths, j + 1)) for j in range(int(lengths.max()))]
-            num_new = num_new + lengths
+    active = [r for r, run in enumerate(runs) if not run.progress.finished]
+    if active and not runs[active[0]].progress.validations:
+        validate(active)  # the offline router is the first candidate for "best"
+    started = time.perf_counter()
+    progress = Progress("online adaptation (lockstep trajectories, at most)", max(len(runs[r].order) for r in active)
+                         if active else 0)
+    while active:
+        k = runs[active[0]].progress.trajectories
+        episodes = run_episodes(env, [runs[r].order[k] for r in active],
+                                members(lambda group, i: Explorer(group, i, epsilon(k, config)), active),
+                                [np.random.default_rng([runs[r].config.seed, 104_729, k]) for r in active],
+                                [f"online/{k}"] * len(active))
+        lengths = np.zeros(len(runs), np.int32)
+        for r, episode in zip(active, episodes):
+            rows = embedded_episode(episode, first.encoder, config.max_state_tokens, first.pool,
+                                    Reward.of(runs[r].config, first.c_ref))
+            c, i = chunks.where(r)
+            chunks.reserve(c, int(num_new[r]) + max_turns)
+            chunks.replays[c] = _write_rows(chunks.replays[c], pad_rows_to(rows, max_turns), jnp.int32(i),
+                                            jnp.int32(num_new[r]))
+            lengths[r] = len(episode.turns)
+        steps = [(lengths > j, num_new + np.minimum(lengths, j + 1)) for j in range(int(lengths.max()))]
+        num_new = num_new + lengths
 
-            def step_chunk(c: int) -> list[np.ndarray]:
-                """Chunk c's updates, one per new transition of its runs (those whose episode ended sit out); the
-                chunks step side by side (`engine.in_threads`), each its own state."""
-                rs, out = chunks.members[c], []
-                for stepping, new_rows in steps:
-                    if stepping[rs].any():
-                        # numpy arguments: jnp.asarray would convert their dtype on the device, one XLA call each
-                        chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c],
-                                                           chunks.replays[c], new_rows[rs].astype(np.int32),
-                                                           stepping[rs])
-                        out.append(metrics["loss"])
-                return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
+        def step_chunk(c: int) -> list[np.ndarray]:
+            """Chunk c's updates, one per new transition of its runs (those whose episode ended sit out); the
+            chunks step side by side (`engine.in_threads`), each its own state."""
+            rs, out = chunks.members[c], []
+            for stepping, new_rows in steps:
+                if stepping[rs].any():
+                    # numpy arguments: jnp.asarray would convert their dtype on the device, one XLA call each
+                    chunks.states[c], metrics = update(chunks.states[c], logged, chunks.values[c],
+                                                       chunks.replays[c], new_rows[rs].astype(np.int32),
+                                                       stepping[rs])
+                    out.append(metrics["loss"])
+            return [np.asarray(loss) for loss in out]   # read back once, after every update was dispatched
 
-            losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
-            for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members), side_by_side(mesh))):
-                rs = chunks.members[c]
-                for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any run does
-                    losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
-            for r in active:
-                runs[r].progress.trajectories += 1
-                steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
-                check_losses(losses[:lengths[r], r], f"{runs[r].where()} (trajectory {k + 1})", steps_before,
-                             runs[r].config, first.c_ref, STAGE)
-            if (k + 1) % config.online.validate_every == 0:
-                validate(active)
-            for r in list(active):
-                run, counters = runs[r], runs[r].progress
-                stop = (counters.trajectories % config.online.validate_every == 0
-                        and counters.trajectories >= config.online.early_stop_after
-                        and counters.since_best >= config.online.patience)
-                counters.finished = stop or counters.trajectories >= len(run.order)
-                if counters.trajectories % config.online.validate_every == 0 or counters.finished:
-                    run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), saves)
-                if stop:
-                    logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
-                                 counters.trajectories, counters.best_at)
-                if counters.finished:
-                    active.remove(r)
-            progress.step()
-        logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
-    finally:
-        saves.close()
+        losses = np.zeros((len(steps), len(runs)))                                          # (T, R)
+        for c, chunk_losses in enumerate(in_threads(step_chunk, len(chunks.members), side_by_side(mesh))):
+            rs = chunks.members[c]
+            for j, loss in enumerate(chunk_losses):   # a chunk steps at the first j's: while any of its runs does
+                losses[j, rs] = np.where(lengths[rs] > j, loss, 0.0)
+        for r in active:
+            runs[r].progress.trajectories += 1
+            steps_before = int(num_new[r]) - int(lengths[r])  # one update per new transition: steps = rows
+            check_losses(losses[:lengths[r], r], f"{runs[r].where()} (trajectory {k + 1})", steps_before,
+                         runs[r].config, first.c_ref, STAGE)
+        if (k + 1) % config.online.validate_every == 0:
+            validate(active)
+        for r in list(active):
+            run, counters = runs[r], runs[r].progress
+            stop = (counters.trajectories % config.online.validate_every == 0
+                    and counters.trajectories >= config.online.early_stop_after
+                    and counters.since_best >= config.online.patience)
+            counters.finished = stop or counters.trajectories >= len(run.order)
+            if counters.trajectories % config.online.validate_every == 0 or counters.finished:
+                run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), saves)
+            if stop:
+                logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
+                             counters.trajectories, counters.best_at)
+            if counters.finished:
+                active.remove(r)
+        progress.step()
+    logging.info("online adaptation of %d run(s): %.1fs", len(runs), time.perf_counter() - started)
 
 
 def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, prepared: Sequence[PreparedData],
@@ -452,10 +451,12 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
         template = template_state(config.seed, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
         opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
     pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
-    for members in grouped(pending, key=lambda i: (shape_signature(configs[i]), opened[i][1].progress.trajectories)):
-        adapt_together([opened[i][1] for i in members], [opened[i][2] for i in members],
-                       [opened[i][3] for i in members], np.array([opened[i][4] for i in members]), env,
-                       *learners[shape_signature(configs[members[0]])], on_validation)
+    with checkpointing.BackgroundSaves() as saves:   # every save has landed before the best states are read
+        for members in grouped(pending, key=lambda i: (shape_signature(configs[i]),
+                                                       opened[i][1].progress.trajectories)):
+            adapt_together([opened[i][1] for i in members], [opened[i][2] for i in members],
+                           [opened[i][3] for i in members], np.array([opened[i][4] for i in members]), env,
+                           *learners[shape_signature(configs[members[0]])], saves, on_validation)
     for _, run, *_ in opened:
         (run.workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
                                                       encoding="utf-8")
