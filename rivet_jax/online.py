@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from rivet_jax import checkpointing, evaluation, sharding
+from rivet_jax import checkpointing, evaluation, heap, sharding
 from rivet_jax.corpus import PreparedData, TrainData, gather_batch
 from rivet_jax.data.replay import Batch, Reward, episode_rows, transition_batch
 from rivet_jax.data.serialize import episode_state_texts
@@ -451,7 +451,8 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
         template = template_state(config.seed, net, tx, int(data.data.embeddings.shape[1]), data.pool, "td")
         opened.append((template, *open_run(config, workdir, env, data, template, net, tx)))
     pending = [i for i in range(len(opened)) if not opened[i][1].progress.finished]
-    with checkpointing.BackgroundSaves() as saves:   # every save has landed before the best states are read
+    # every save has landed before the best states are read; the updates' temporaries reused, not fresh pages
+    with checkpointing.BackgroundSaves() as saves, heap.xla_loop_phase():
         for members in grouped(pending, key=lambda i: (shape_signature(configs[i]),
                                                        opened[i][1].progress.trajectories)):
             adapt_together([opened[i][1] for i in members], [opened[i][2] for i in members],

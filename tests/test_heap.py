@@ -1,5 +1,5 @@
-"""glibc's thresholds per kind of work (rivet_jax/heap.py): a numpy phase reuses its buffers, then the process's own
-thresholds come back, even when the phase fails; a process that never fixed them is left alone."""
+"""glibc's thresholds per kind of work (rivet_jax/heap.py): a numpy phase or an update loop reuses its buffers, then
+the process's own thresholds come back, even when the phase fails; a process that never fixed them is left alone."""
 
 import pytest
 
@@ -10,23 +10,37 @@ from rivet_jax import heap
 def calls(monkeypatch):
     made = []
     monkeypatch.setattr(heap, "_set", lambda mmap_bytes, trim_bytes: made.append((mmap_bytes, trim_bytes)) or True)
-    monkeypatch.setattr(heap, "_fixed", False)
+    monkeypatch.setattr(heap, "_current", None)
     return made
 
 
-def test_a_numpy_phase_of_a_launcher_sets_its_thresholds_and_restores_the_launchers(calls):
+@pytest.mark.parametrize("phase, thresholds", [(heap.numpy_phase, heap.NUMPY_THRESHOLDS),
+                                               (heap.xla_loop_phase, heap.XLA_LOOP_THRESHOLDS)])
+def test_a_phase_of_a_launcher_sets_its_thresholds_and_restores_the_launchers(calls, phase, thresholds):
     assert heap.return_freed_memory_to_the_os()
-    with heap.numpy_phase():
-        assert calls == [heap.XLA_THRESHOLDS, heap.NUMPY_THRESHOLDS]
-    assert calls == [heap.XLA_THRESHOLDS, heap.NUMPY_THRESHOLDS, heap.XLA_THRESHOLDS]
+    with phase():
+        assert calls == [heap.XLA_THRESHOLDS, thresholds]
+    assert calls == [heap.XLA_THRESHOLDS, thresholds, heap.XLA_THRESHOLDS]
     with pytest.raises(RuntimeError):
-        with heap.numpy_phase():
+        with phase():
             raise RuntimeError("a failed fit")
     assert calls[-1] == heap.XLA_THRESHOLDS and len(calls) == 5
 
 
+def test_a_phase_within_a_phase_restores_the_outer_ones_and_one_of_the_same_kind_changes_nothing(calls):
+    heap.return_freed_memory_to_the_os()
+    with heap.xla_loop_phase():
+        with heap.xla_loop_phase():
+            assert calls == [heap.XLA_THRESHOLDS, heap.XLA_LOOP_THRESHOLDS]
+        with heap.numpy_phase():
+            pass
+        assert calls[-1] == heap.XLA_LOOP_THRESHOLDS
+    assert calls == [heap.XLA_THRESHOLDS, heap.XLA_LOOP_THRESHOLDS, heap.NUMPY_THRESHOLDS, heap.XLA_LOOP_THRESHOLDS,
+                     heap.XLA_THRESHOLDS]
+
+
 def test_a_process_that_never_fixed_its_thresholds_is_left_alone(calls):
-    with heap.numpy_phase():
+    with heap.numpy_phase(), heap.xla_loop_phase():
         pass
     assert calls == []
 
