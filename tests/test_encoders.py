@@ -421,6 +421,20 @@ def test_vectors_are_bit_for_bit_the_rule_counted_as_strings(ngram_range, monkey
     assert len(fresh._vocabulary) < 200   # started afresh on the way
 
 
+@pytest.mark.parametrize("size, high", [(0, 1), (1, 1), (7, 2), (500, 40), (5000, 10**12)])
+def test_distinct_values_come_in_the_order_first_met_with_their_counts(size, high):
+    """What np.unique (stable sort, first indices) reordered by first index gives; by hand on a small case."""
+    from rivet_jax.encoders.hashing import distinct_in_order_met
+
+    distinct, counts = distinct_in_order_met(np.array([5, 3, 5, 9, 3, 5], np.int64))
+    assert distinct.tolist() == [5, 3, 9] and counts.tolist() == [3, 2, 1]
+    values = np.random.default_rng(size).integers(0, high, size).astype(np.int64)
+    expected, first, expected_counts = np.unique(values, return_index=True, return_counts=True)
+    distinct, counts = distinct_in_order_met(values)
+    np.testing.assert_array_equal(distinct, expected[np.argsort(first)])
+    np.testing.assert_array_equal(counts, expected_counts[np.argsort(first)])
+
+
 def test_the_block_token_cache_is_bounded(monkeypatch):
     from rivet_jax.encoders import hashing
 

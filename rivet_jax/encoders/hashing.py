@@ -83,6 +83,21 @@ class _StateVectors:
 _STATE_VECTORS = _StateVectors()
 
 
+def distinct_in_order_met(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of `values` (N,) in the order they first occur, and how often each occurs. What
+    `np.unique(..., return_index=True, return_counts=True)` reordered by first index gives, at half its time: an
+    unstable sort, each run's first index its smallest position (np.unique sorts stably to read it off)."""
+    if not len(values):
+        return values, np.zeros(0, np.intp)
+    perm = np.argsort(values, kind="quicksort")
+    ordered = values[perm]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    first = np.minimum.reduceat(perm, starts)
+    counts = np.diff(np.append(starts, len(values)))
+    met = np.argsort(first)
+    return ordered[starts][met], counts[met]
+
+
 def feature_bucket_and_sign(feature: str, dim: int) -> tuple[int, int]:
     """Bucket in [0, dim) and sign (+1/-1) of `feature`, from a stable hash."""
     digest = hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest()
@@ -276,11 +291,10 @@ class HashingEncoder:
         width = len(self._vocabulary)
         text = np.repeat(np.arange(len(features)), [len(f) for f in features])                      # (F,)
         pairs = text * width + np.concatenate([np.zeros(0, np.int64), *features])                   # (F,)
-        distinct, first, counts = np.unique(pairs, return_index=True, return_counts=True)
-        order = np.argsort(first)
-        rows, ids = np.divmod(distinct[order], width)
+        distinct, counts = distinct_in_order_met(pairs)                                             # (U,), (U,)
+        rows, ids = np.divmod(distinct, width)
         buckets, signs = unpack_bucket_and_sign(self._vocabulary.codes[ids])
-        tf_weights = 1.0 + np.log(counts[order].astype(np.float64))                                 # (U,)
+        tf_weights = 1.0 + np.log(counts.astype(np.float64))                                        # (U,)
         return np.bincount(rows * self.dim + buckets, weights=signs * tf_weights,
                            minlength=len(features) * self.dim).reshape(len(features), self.dim)
 
