@@ -200,7 +200,6 @@ class OnlineRun:
         `state` and `replay` must be this run's own arrays (`RunChunks.state`, `.replay`: no update donates them)."""
         self.check_finite(state)
         meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new}
-
         trajectories, state = self.progress.trajectories, saveable(state)
 
         def save():

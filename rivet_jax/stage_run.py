@@ -243,7 +243,7 @@ class StageRun:
                   **{k: float(np.mean(v)) for k, v in metrics.items()},
                   "steps_per_s": len(metrics["loss"]) / seconds, "seconds": seconds}
         checkpointed = (epoch + 1) % self.config.checkpoint_every_epochs == 0 or epoch + 1 == self.epochs
-        meta = checkpoint_meta(self.config, self.prepared, self.stage)
+        meta = checkpoint_meta(self.config, self.prepared, self.stage) if checkpointed else None  # the config's JSON
 
         def save() -> None:
             if checkpointed:
