@@ -192,6 +192,51 @@ def test_oracle_respects_availability(sim):
     assert all(t.available == tuple(available) for t in episode.turns)
 
 
+def test_evaluator_rolls_a_reused_policy_out_once_per_split_and_models_available(monkeypatch):
+    """`Evaluator.episodes(..., reuse=key)`: Tables 1, 2 and 3 read one router's test episodes; rolled out once,
+    and equal to a rollout of the same policy made afresh. Another split or another set of models is rolled out."""
+    from rivet_jax.experiments.evaluator import Evaluator
+
+    config = routesim_config.get_config("tiny")
+    tiny = make_routesim(config.sim)
+    rolled, roll = [], evaluation.rollout
+    monkeypatch.setattr(evaluation, "rollout", lambda env, policy, split, *args, **kwargs:
+                        rolled.append(split) or roll(env, policy, split, *args, **kwargs))
+    ev, router = Evaluator(tiny, config, 0.002), object()   # (any object names what is reused)
+    first = ev.episodes(RandomPolicy(), "test", reuse=router)
+    assert ev.episodes(RandomPolicy(), "test", reuse=router) is first and rolled == ["test"]
+    assert ev.episodes(RandomPolicy(), "test") == first and rolled == ["test"] * 2
+    ev.episodes(RandomPolicy(), "validation", reuse=router)
+    fewer = ev.episodes(RandomPolicy(), "test", available=tiny.pool.names[1:], reuse=router)
+    assert rolled == ["test", "test", "validation", "test"]
+    assert {t.model for e in fewer for t in e.turns} <= set(tiny.pool.names[1:])
+    metrics = ev.rollouts(RandomPolicy(), "test", 0.05, reuse=router)
+    assert metrics == evaluation.episode_metrics(first, Reward(0.05, config.reward.gamma, 0.002),
+                                                 config.evaluate.rollouts_per_task) and len(rolled) == 4
+
+
+def test_exact_reports_solved_in_the_lowest_priority_process_equal_those_solved_here():
+    """`exact_pool`: the main job's DPs run in a spawned process at the lowest CPU priority (the cores training
+    leaves idle) and give the same reports, bit for bit; an oracle-only request whose full report is asked for too
+    is not solved a second time."""
+    import os
+    from rivet_jax.experiments.evaluator import Evaluator, exact_pool
+
+    config = routesim_config.get_config("tiny")
+    tiny = make_routesim(config.sim)
+    ahead, here = Evaluator(tiny, config, 0.002), Evaluator(tiny, config, 0.002)
+    with exact_pool() as pool:
+        assert pool.submit(os.getpid).result() != os.getpid()
+        if hasattr(os, "SCHED_IDLE"):
+            assert pool.submit(os.sched_getscheduler, 0).result() == os.SCHED_IDLE
+        else:
+            assert pool.submit(os.nice, 0).result() == min(os.nice(0) + 19, 19)
+        ahead.solve_ahead([("test", 0.05, None, True), ("test", 0.05, None, False), ("test", 0.1, None, True)], pool)
+        assert sorted(ahead._ahead) == [(("test", 0.05, None), False), (("test", 0.1, None), True)]
+        got = [ahead.exact("test", 0.05), ahead.oracle("test", 0.05), ahead.oracle("test", 0.1)]
+    assert got == [here.exact("test", 0.05), here.oracle("test", 0.05), here.oracle("test", 0.1)]
+
+
 def test_exact_reports_solved_ahead_in_a_thread_are_those_solved_on_request(monkeypatch):
     """The main job starts the exact reports its evaluation reads while its routers train (`Evaluator.solve_ahead`):
     the same reports as solved on request, each solved once in the pool's thread (a full report serving the

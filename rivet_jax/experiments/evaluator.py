@@ -4,6 +4,8 @@ traces), Table 3's Stay / Switch intervention policies, and the row format every
 from __future__ import annotations
 
 import concurrent.futures
+import multiprocessing
+import os
 from typing import Sequence
 
 import numpy as np
@@ -64,28 +66,47 @@ class Evaluator:
         self.traces: dict[str, list[Episode]] = {}  # router -> its recorded episodes (`record`)
         self._exact: dict = {}
         self._ahead: dict[tuple, concurrent.futures.Future] = {}   # (key, oracle_only) -> its report, solving
+        self._kept: dict[tuple, tuple[object, list[Episode]]] = {}  # `episodes(reuse=...)`'s
 
     def solve_ahead(self, requests: Sequence[tuple[str, float, Sequence[str] | None, bool]],
                     pool: concurrent.futures.Executor) -> None:
-        """Starts the exact reports `requests` ((split, lambda, available models or None, oracle only)) in `pool`:
-        they depend on the simulator, the split, lambda and c_ref alone, so the main job solves them (the oracle's
-        DPs: a third of its evaluation) while its routers train. `exact` and `oracle` then wait for them."""
+        """Starts the exact reports `requests` ((split, lambda, available models or None, oracle only)) in `pool`
+        (`exact_pool()`'s process, or any executor): they depend on the simulator, the split, lambda and c_ref alone,
+        so the main job solves them (the oracle's DPs: a third of its evaluation) while its routers train. `exact`
+        and `oracle` then wait for them. An oracle-only request whose full report is also asked for is not solved
+        twice: the full report holds the oracle's row."""
+        full = {self._key(split, lam, available) for split, lam, available, only in requests if not only}
         for split, lam, available, oracle_only in requests:
             key = self._key(split, lam, available)
-            if (key, oracle_only) not in self._ahead:
-                self._ahead[key, oracle_only] = pool.submit(self._solve, *key, oracle_only)
+            if (key, oracle_only) not in self._ahead and not (oracle_only and key in full):
+                self._ahead[key, oracle_only] = pool.submit(oracle.policy_report, self.sim, split, self._reward(lam),
+                                                            available=key[2], oracle_only=oracle_only)
 
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
-                 record: str | None = None) -> dict:
-        """One router's rollouts over a split: one unit of `progress`; the episodes are kept under `record`."""
-        episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
-                                      self.config.evaluate.seed, available=available)
+                 record: str | None = None, reuse: object | None = None) -> dict:
+        """One router's rollouts over a split (`episodes`) and their metrics at `lam`: one unit of `progress`; the
+        episodes are kept under `record`."""
+        episodes = self.episodes(policy, split, available, reuse)
         if record is not None:
             self.traces.setdefault(record, []).extend(episodes)
         if self.progress is not None:
             self.progress.step()
-        return evaluation.episode_metrics(episodes, Reward(lam, self.config.reward.gamma, self.c_ref),
-                                          self.config.evaluate.rollouts_per_task)
+        return evaluation.episode_metrics(episodes, self._reward(lam), self.config.evaluate.rollouts_per_task)
+
+    def episodes(self, policy: Policy, split: str, available: Sequence[str] | None = None,
+                 reuse: object | None = None) -> list[Episode]:
+        """`policy`'s rollouts over a split (`evaluate.rollouts_per_task` per task, episode r of task i drawn from
+        rng([evaluate.seed, r, i])). With `reuse` (e.g. the router a policy acts for) they are kept, and a later call
+        with the same `reuse`, split and models available returns them instead of rolling the same policy out again:
+        Tables 1, 2 and 3 read the same RIVET Online episodes."""
+        key = None if reuse is None else (id(reuse), split, None if available is None else tuple(available))
+        if key in self._kept:
+            return self._kept[key][1]
+        episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
+                                      self.config.evaluate.seed, available=available)
+        if key is not None:
+            self._kept[key] = (reuse, episodes)   # (the object too: its id stays its own while kept)
+        return episodes
 
     def exact(self, split: str, lam: float, available: Sequence[str] | None = None) -> dict:
         """The exact report (oracle, fixed models, random) of `split` at `lam`, computed once."""
@@ -111,8 +132,26 @@ class Evaluator:
         return self._exact[key]
 
     def _solve(self, split: str, lam: float, mask: tuple | None, oracle_only: bool) -> dict:
-        return oracle.policy_report(self.sim, split, Reward(lam, self.config.reward.gamma, self.c_ref),
-                                    available=mask, oracle_only=oracle_only)
+        return oracle.policy_report(self.sim, split, self._reward(lam), available=mask, oracle_only=oracle_only)
+
+    def _reward(self, lam: float) -> Reward:
+        return Reward(lam, self.config.reward.gamma, self.c_ref)
+
+
+def exact_pool() -> concurrent.futures.Executor:
+    """Where `Evaluator.solve_ahead` solves: one worker process at the lowest CPU priority. The DPs are numpy work
+    in many small calls: in a thread of the job they held its interpreter in turn with the rollouts and took a core
+    from the training; the process runs on what training and rollouts leave idle (the main job kept 1.57 of its 2
+    cores busy) and gets the same numbers. Spawned, not forked: the job's JAX runs threads."""
+    return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_lowest_priority)
+
+
+def _lowest_priority() -> None:
+    if hasattr(os, "SCHED_IDLE"):   # Linux: run only where a core would otherwise idle (nice 19 still took a share)
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    elif hasattr(os, "nice"):
+        os.nice(19)
 
 
 def row(router: str, split: str, metrics: dict, oracle_return: float, reference_cost_usd: float,

@@ -42,7 +42,7 @@ from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, r
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Phases, Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
-from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, row, seed_row
+from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, exact_pool, row, seed_row
 from rivet_jax.router import Router
 
 CONDITIONED_RUNS = "lambda_conditioned"  # the variant trained on every lambda of the sweep at once
@@ -104,8 +104,8 @@ def table1(ev: Evaluator, routers: dict[str, Policy], rivet: dict[str, list[Rout
         rows += [row(name, split, ev.rollouts(policy, split, lam, record=name), top, reference)
                  for name, policy in routers.items()]
         for name, seeds in rivet.items():
-            rows.append(seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam, record=name) for r in seeds],
-                                  top, reference))
+            rows.append(seed_row(name, split, [ev.rollouts(RouterPolicy(r), split, lam, record=name, reuse=r)
+                                               for r in seeds], top, reference))
     return rows
 
 
@@ -130,7 +130,8 @@ def table2(ev: Evaluator, variants: dict[str, list[Router]], lam: float) -> list
     """The ablations on the test manifest; cost relative to RIVET (ours)."""
     split = ev.config.evaluate.split
     top = ev.exact(split, lam)["oracle"]["return"]
-    metrics = {name: [ev.rollouts(RouterPolicy(r), split, lam) for r in routers] for name, routers in variants.items()}
+    metrics = {name: [ev.rollouts(RouterPolicy(r), split, lam, reuse=r if name == MAIN else None) for r in routers]
+               for name, routers in variants.items()}   # (RIVET (ours): Table 1's RIVET Online episodes)
     reference = float(np.mean([m["cost"] for m in metrics[MAIN]]))
     return [seed_row(name, split, per_seed, top, reference) for name, per_seed in metrics.items()]
 
@@ -226,7 +227,7 @@ def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list
                             [f"{policy.name}/{task.id}/{r}" for r, _, task in chosen])
 
     for router in rivet_online:
-        originals = episodes(RouterPolicy(router), runs)
+        originals = ev.episodes(RouterPolicy(router), split, reuse=router)   # Table 1's, in the order of `runs`
         switched = [k for k, e in enumerate(originals) if len({t.model for t in e.turns}) > 1]
         kept = [k for k, e in enumerate(originals) if len({t.model for t in e.turns}) == 1 and len(e.turns) > 1]
         for group, chosen, policy in (("switched", switched, StayPolicy(router)),
@@ -281,7 +282,7 @@ def scatter(ev: Evaluator, table1_rows: list[dict]) -> list[dict]:
 
 
 def reproduce(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    ahead = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="exact_ahead")   # the oracle's DPs
+    ahead = exact_pool()   # the oracle's DPs
     try:
         return _reproduce(config, Path(workdir), ahead)
     finally:   # (a failed job does not wait for the DPs still queued)
@@ -303,6 +304,8 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
     ev = Evaluator(sim, config, c_ref)
+    # The oracle's DPs, from now on in a process of the lowest priority: on the cores training and rollouts leave idle
+    ev.solve_ahead(exact_requests(config, sim.pool), ahead)
 
     settings = selection.grid(config)
     listed = "; ".join(map(selection.label, settings))
@@ -327,9 +330,6 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
         f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
-    # The oracle's DPs, in a thread while the chosen setting's runs train (their offline programs wait on XLA, not
-    # on the interpreter). Run beside the evaluation's rollouts instead, both held the interpreter in turn: no gain.
-    ev.solve_ahead(exact_requests(config, sim.pool), ahead)
     dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
     log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
         f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
