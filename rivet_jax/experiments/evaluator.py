@@ -148,10 +148,11 @@ def exact_pool() -> concurrent.futures.Executor:
 
 
 def _lowest_priority() -> None:
-    if hasattr(os, "SCHED_IDLE"):   # Linux: run only where a core would otherwise idle (nice 19 still took a share)
+    try:   # Linux: run only where a core would otherwise idle (at nice 19 the DPs still took a share)
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    elif hasattr(os, "nice"):
-        os.nice(19)
+    except (AttributeError, OSError):   # another system, or a sandbox that refuses it: the next lowest
+        if hasattr(os, "nice"):
+            os.nice(19)
 
 
 def row(router: str, split: str, metrics: dict, oracle_return: float, reference_cost_usd: float,
