@@ -52,6 +52,8 @@ from rivet_jax.settings import LossWeights, Optim, UpdateRule
 from rivet_jax.stage_run import check_losses, check_params, check_resume, checkpoint_meta, finished_params
 
 STAGE, PROGRESS = "online", "online_progress"
+CURVE_FILE = "online_curve.json"   # the validations and the learning curve, written when the stage ends
+CURVE = "online_curve"  # the router at each curve point, where the curve is drawn later (`online_curve.draw_curves`)
 
 
 # ------------------------------------------------------------------------------------------------ new replay
@@ -189,6 +191,7 @@ class OnlineRun:
     best: checkpointing.StageCheckpoints
     saved: checkpointing.StageCheckpoints  # the progress checkpoints
     meta: dict
+    curve: checkpointing.StageCheckpoints | None = None  # the routers at the curve points (`online.defer_curve`)
 
     def metrics(self, episodes) -> dict:
         return evaluation.episode_metrics(episodes, Reward.of(self.config, self.prepared.c_ref),
@@ -213,6 +216,11 @@ class OnlineRun:
         self.check_finite(state)
         saves.submit(functools.partial(self.best.save, self.progress.trajectories, saveable(state), self.meta))
 
+    def save_curve_point(self, state: TrainState, cards: np.ndarray, saves: checkpointing.BackgroundSaves) -> None:
+        """The router now (its parameters and card embeddings, (M, D)), for `online_curve.draw_curves`."""
+        saves.submit(functools.partial(self.curve.save, self.progress.trajectories,
+                                       {"params": state.params, "cards": cards}, self.meta))
+
     def where(self) -> str:
         return f"stage online of {self.workdir}"
 
@@ -225,8 +233,9 @@ class OnlineRun:
         return from_saveable(best)
 
     def close(self) -> None:
-        self.best.close()
-        self.saved.close()
+        for checkpoints in (self.best, self.saved, self.curve):
+            if checkpoints is not None:
+                checkpoints.close()
 
 
 def max_rows(env, config) -> int:
@@ -246,8 +255,10 @@ def open_run(config, workdir: Path, env: Env, prepared: PreparedData, template: 
     dim, num_models = int(prepared.data.embeddings.shape[1]), len(prepared.pool)
     saved = checkpointing.StageCheckpoints(workdir, PROGRESS, max_to_keep=1, repair=True)
     best = checkpointing.StageCheckpoints(workdir, STAGE, max_to_keep=1, repair=True)
+    curve = (checkpointing.StageCheckpoints(workdir, CURVE, max_to_keep=None, repair=True)
+             if config.online.defer_curve else None)
     run = OnlineRun(config, workdir, prepared, task_order(env, config), OnlineProgress(), best, saved,
-                    checkpoint_meta(config, prepared, STAGE))
+                    checkpoint_meta(config, prepared, STAGE), curve)
     if saved.latest_epoch() is not None:
         saved_meta = saved.restore_meta()
         check_resume(saved_meta, config, prepared, STAGE, str(saved.directory))
@@ -336,10 +347,11 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
         policies = members(GroupMember, validating)
         val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,
                                       config.online.eval_seed)
-        curving = [k for k, r in enumerate(validating) if point in runs[r].config.online.curve_points]
-        tests = evaluation.rollout_each(env, [policies[k] for k in curving], config.online.test_split,
-                                        config.online.eval_rollouts, config.online.eval_seed) if curving else []
-        test = dict(zip(curving, tests))  # only the runs that draw a learning curve pay for its test rollouts
+        curving = {k for k, r in enumerate(validating) if point in runs[r].config.online.curve_points}
+        drawn = [k for k in sorted(curving) if not runs[validating[k]].config.online.defer_curve]
+        tests = evaluation.rollout_each(env, [policies[k] for k in drawn], config.online.test_split,
+                                        config.online.eval_rollouts, config.online.eval_seed) if drawn else []
+        test = dict(zip(drawn, tests))  # only the runs that draw a learning curve now pay for its test rollouts
         for k, r in enumerate(validating):
             run, progress = runs[r], runs[r].progress
             scores = run.metrics(val[k])
@@ -348,6 +360,8 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                 curve = run.metrics(test[k])
                 progress.curve.append({"trajectories": point, **curve})
                 record.update({f"test_{key}": v for key, v in curve.items()})
+            elif k in curving:
+                run.save_curve_point(chunks.state(r), cards, saves)
             improved = scores["return"] > progress.best_score
             if improved:
                 progress.best_score, progress.best_at, progress.since_best = scores["return"], point, 0
@@ -458,7 +472,7 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
                            [opened[i][3] for i in members], np.array([opened[i][4] for i in members]), env,
                            *learners[shape_signature(configs[members[0]])], saves, on_validation)
     for _, run, *_ in opened:
-        (run.workdir / "online_curve.json").write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
+        (run.workdir / CURVE_FILE).write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
                                                       encoding="utf-8")
     best = [run.best_state(template) for template, run, *_ in opened]
     for _, run, *_ in opened:
@@ -468,4 +482,4 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
 
 def read_progress(workdir: str | Path) -> dict[str, Any]:
     """The online run's validations and learning curve, as written at its end."""
-    return json.loads((Path(workdir) / "online_curve.json").read_text(encoding="utf-8"))
+    return json.loads((Path(workdir) / CURVE_FILE).read_text(encoding="utf-8"))

@@ -196,7 +196,7 @@ class Router:
         pool = pool or ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
         encoder = encoder or make_encoder(config.encoder)
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
-        params, _ = checkpoints.restore_params(_params_shape(make_network(config), meta["state_dim"], pool), epoch)
+        params, _ = checkpoints.restore_params(params_shape(make_network(config), meta["state_dim"], pool), epoch)
         checkpoints.close()
         _check_finite_params(params, checkpoints.directory / str(epoch))
         card_embeddings = encoder.encode([card.description for card in pool.cards])
@@ -427,7 +427,7 @@ def _check_finite_params(params: dict, source) -> None:
                                                  f"load an earlier stage (stage='mc', 'td') or retrain")
 
 
-def _params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
+def params_shape(net: RivetNet, state_dim: int, pool: ModelPool):
     """The parameter tree's shapes and dtypes (nothing computed): the target a checkpoint's params restore into."""
     cards = placeholder_cards(pool, state_dim)
     return jax.eval_shape(lambda: init_params(net, jax.random.key(0), state_dim, cards))

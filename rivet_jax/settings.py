@@ -235,6 +235,9 @@ SETTINGS: dict[str, Setting] = {
     "online.eval_seed": Setting("the draws of every validation and curve point", resume=ONLINE, default=0),
     "online.curve_points": Setting("trajectories after which the test learning curve is drawn (Figure 4)",
                                    resume=ONLINE, per_run=True, default=(0, 35, 70, 105, 140)),
+    "online.defer_curve": Setting("keep the router at each curve point (stage 'online_curve') and draw the curve later "
+                                  "(online.draw_curves), only for the runs whose curve is read", one_of(True, False),
+                                  "True or False", ONLINE, per_run=True, default=False),
     # launch.calibrate (calibrate.py): a router per lambda, each one's success and cost per episode on validation, the
     # most successful within a budget per episode.
     "calibrate.lambdas": Setting("the lambdas a router is trained at", lambda v: isinstance(v, (tuple, list))

@@ -94,4 +94,5 @@ def test_every_key_of_the_training_config_is_declared_once():
     assert not run_identity.is_identity("data.episodes", "td", resuming=True)    # FREE: compared by content
     assert settings.resume_kind("loss.added_since") == settings.RUN              # undeclared: its section's kind
     assert settings.PER_RUN == {"seed", "stage", "warm_start", "runs_vmapped", "data.embedding_cache", "reward.lam",
-                                "loss.alpha", "loss.beta", "loss.zero_response", "loss.cql_on", "online.curve_points"}
+                                "loss.alpha", "loss.beta", "loss.zero_response", "loss.cql_on", "online.curve_points",
+                                "online.defer_curve"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
-from rivet_jax import checkpointing, corpus, online, runs, stage_run, train
+from rivet_jax import checkpointing, corpus, online, online_curve, runs, stage_run, train
 from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.settings import with_overrides
 from rivet_jax.router import Router
@@ -75,6 +75,23 @@ def test_online_stage_validates_keeps_the_best_and_resumes_exactly(tmp_path):
     for got, expected in zip(leaves(resumed), leaves(straight)):
         np.testing.assert_array_equal(got, expected)
     assert online.read_progress(tmp_path / "b") == progress
+
+    # The curve drawn after the stage from the routers kept at its points (killed and resumed on the way) is the
+    # curve drawn in the stage, to the last digit; the stage itself is unchanged
+    deferred = with_overrides(config, {"online.defer_curve": True})
+    shutil.copytree(tmp_path / "a", tmp_path / "c", ignore=shutil.ignore_patterns("online*"))
+    with pytest.raises(SimulatedKill):
+        adapt(deferred, tmp_path / "c", sim, on_validation=kill_at_second_validation)
+    adapt(deferred, tmp_path / "c", sim)
+    kept = online.read_progress(tmp_path / "c")
+    assert kept["curve"] == [] and online_curve.kept_points(tmp_path / "c") == [p["trajectories"]
+                                                                                for p in progress["curve"]]
+    without_curve = [{k: v for k, v in record.items() if not k.startswith("test_")}
+                     for record in progress["validations"]]
+    assert {**kept, "validations": kept["validations"]} == {**progress, "curve": [], "validations": without_curve}
+    online_curve.draw_curves([tmp_path / "a", tmp_path / "c"], sim)   # "a" drew its own: left as it is
+    assert online.read_progress(tmp_path / "c") == {**progress, "validations": without_curve}
+    assert online.read_progress(tmp_path / "a") == progress
 
 
 def test_online_needs_a_finished_td_stage(tmp_path):

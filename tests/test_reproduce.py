@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rivet_jax import online, online_curve
 from rivet_jax.experiments import frontier
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.runs import MAIN
@@ -67,6 +68,12 @@ def test_tiny_reproduction_has_every_experiment_and_router(reproduction):
     assert chosen["router"] == ONE_RUN and [r["members"] for r in selected] == [1, 1, 2]
     assert (averaged["router"], averaged["alpha"], averaged["chosen"]) == (MAIN, chosen["alpha"], True)
     assert len({p.name for p in (workdir / "runs").glob("*_members/seed_*")}) == 2  # seeds 1000 + each seed
+    # every grid run kept its routers at the curve points; only the chosen runs' curves were rolled out (Figure 4)
+    for alpha in (0.0, 0.1):
+        for run in (workdir / "runs" / f"alpha_{alpha:g}").glob("seed_*"):
+            assert online_curve.kept_points(run) == [0, 4, 8]
+            curve = [p["trajectories"] for p in online.read_progress(run)["curve"]]
+            assert curve == ([0, 4, 8] if alpha == chosen["alpha"] else []), (run, curve)
     ablations = {MAIN, ONE_RUN, pessimistic(1.0), "w/o CQL", "w/o RIVE", "w/o response"}
     paper = set() if chosen["alpha"] == 0.1 else {"RIVET (paper, alpha=0.1)"}  # the paper's alpha beside the choice
     assert {r["router"] for r in experiments["table2"]["rows"]} == ablations | paper

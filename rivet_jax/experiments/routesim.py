@@ -38,6 +38,7 @@ from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.online_curve import draw_curves
 from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.progress import Phases, Progress
@@ -312,10 +313,14 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     log(f"train RIVET at every conservatism setting of `select` ({listed}; "
         f"alpha = 0 is the w/o CQL ablation): {len(settings)} x {len(rp.seeds)} seeds, the offline stages of all runs "
         f"together, then their online stages in lockstep", 2)
+    # Figure 4 reads the chosen setting's curves alone: every run keeps its routers at the curve points, and only
+    # the chosen runs' are rolled out on the test tasks
     by_setting = train_variants(config, episodes_path, cards_path, workdir,
-                                {selection.variant(s): (selection.overrides(s), "all") for s in settings}, rp.seeds)
+                                {selection.variant(s): ({**selection.overrides(s), "online.defer_curve": True}, "all")
+                                 for s in settings}, rp.seeds)
     chosen, selected = selection.select(config, sim, {s: by_setting[selection.variant(s)] for s in settings})
     main_dirs = by_setting[selection.variant(chosen)]
+    draw_curves(main_dirs, sim)
     sweep = routesim_report.sweep_lambdas(config)
     other_lambdas = [x for x in sweep if x != float(lam)]
     at_chosen = {**selection.overrides(chosen), "online.curve_points": ()}  # Figure 4 is the main runs' alone
