@@ -45,7 +45,7 @@ from rivet_jax.envs.base import Env, GroupMember, run_episodes
 from rivet_jax.learner import (STAGE_IDS, RunValues, TrainState, from_saveable, grouped, init_train_state,
                                make_optimizer, make_update, run_values, saveable, shape_signature,
                                stack, template_state, unstack, with_run_rewards)
-from rivet_jax.networks import make_network
+from rivet_jax.networks import make_network, rve_params
 from rivet_jax.progress import Progress
 from rivet_jax.router import RouterGroup
 from rivet_jax.settings import LossWeights, Optim, UpdateRule
@@ -217,9 +217,9 @@ class OnlineRun:
         saves.submit(functools.partial(self.best.save, self.progress.trajectories, saveable(state), self.meta))
 
     def save_curve_point(self, state: TrainState, cards: np.ndarray, saves: checkpointing.BackgroundSaves) -> None:
-        """The router now (its parameters and card embeddings, (M, D)), for `online_curve.draw_curves`."""
+        """The router now (its RVE's parameters and the card embeddings (M, D)), for `online_curve.draw_curves`."""
         saves.submit(functools.partial(self.curve.save, self.progress.trajectories,
-                                       {"params": state.params, "cards": cards}, self.meta))
+                                       {"params": rve_params(state.params), "cards": cards}, self.meta))
 
     def where(self) -> str:
         return f"stage online of {self.workdir}"

@@ -4,7 +4,7 @@ Drawing the curve during the stage (Figure 4: the router at each of `online.curv
 manifest) costs every run a test rollout set per point, four times the validation's on RouteSim. The reproduction
 trains its whole conservatism grid through the online stage but reads the curve of the chosen setting's runs
 alone, a choice made after the stage. With `online.defer_curve` a run keeps its router at each curve point instead
-(stage `online.CURVE`: parameters and card embeddings), and `draw_curves` rolls out only the runs asked for: the
+(stage `online.CURVE`: its RVE's parameters and the card embeddings), and `draw_curves` rolls out only the runs asked for: the
 same episodes as the stage would have drawn (greedy, the same draws, one `RouterGroup` per router as the stage
 scores each run on a CPU), written into the run's online_curve.json.
 """
@@ -25,7 +25,7 @@ from rivet_jax.data.schema import ModelPool
 from rivet_jax.encoders import make_encoder
 from rivet_jax.envs.base import Env, GroupMember
 from rivet_jax.learner import stack
-from rivet_jax.networks import make_network
+from rivet_jax.networks import make_network, rve_params
 from rivet_jax.router import RouterGroup, params_shape
 
 
@@ -40,34 +40,40 @@ def kept_points(workdir: str | Path) -> list[int]:
         checkpoints.close()
 
 
-def _kept_router(workdir: Path, point: int) -> tuple[RouterGroup, ml_collections.ConfigDict, float]:
-    """(the router kept at `point` as a group of one, its run's config, c_ref)."""
+def _kept_routers(workdir: Path, encoders: dict) -> list[tuple[int, RouterGroup, ml_collections.ConfigDict, float]]:
+    """(point, the router kept there as a group of one, its run's config, c_ref) for every point `workdir` kept.
+    Runs of one encoder config share one encoder (`encoders`: its config -> it), and so its caches, as the runs of
+    the stage do."""
     checkpoints = checkpointing.StageCheckpoints(workdir, online.CURVE, max_to_keep=None)
     try:
-        meta = checkpoints.restore_meta(point)
+        points = sorted(checkpoints.epochs())
+        meta = checkpoints.restore_meta(points[-1])   # one run: every point has its config, pool and encoder
         config = ml_collections.ConfigDict(meta["config"])
         pool = ModelPool.from_json(meta["pool"], path=str(checkpoints.directory / "meta"))
-        encoder = make_encoder(config.encoder)
+        if config.encoder.to_json() not in encoders:
+            encoders[config.encoder.to_json()] = make_encoder(config.encoder)
+        encoder = encoders[config.encoder.to_json()]
         checkpointing.check_compatible(meta, pool, encoder.fingerprint, source=str(checkpoints.directory))
-        shapes = params_shape(make_network(config), meta["state_dim"], pool)
+        shapes = rve_params(params_shape(make_network(config), meta["state_dim"], pool))
         like = {"params": jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
                 "cards": jnp.zeros((len(pool), meta["state_dim"]), jnp.float32)}                    # (M, D)
-        kept, _ = checkpoints.restore(like, point)
+        kept = [checkpoints.restore(like, point)[0] for point in points]
     finally:
         checkpoints.close()
-    return RouterGroup(stack([kept["params"]]), pool, encoder, config, kept["cards"]), config, meta["c_ref"]
+    return [(point, RouterGroup(stack([router["params"]]), pool, encoder, config, router["cards"]), config,
+             meta["c_ref"]) for point, router in zip(points, kept)]
 
 
 def draw_curves(workdirs: Sequence[str | Path], env: Env) -> None:
     """The learning curve of every run of `workdirs` that kept its curve points and has not drawn them yet, rolled
     out together in `env` and written into its online_curve.json (a run that drew its curve in the stage, or has
     drawn it here before, is left as it is)."""
-    pending = []
+    pending, encoders = [], {}
     for workdir in map(Path, workdirs):
         points = kept_points(workdir)
         drawn = [p["trajectories"] for p in online.read_progress(workdir)["curve"]]
         if points and drawn != points:
-            pending += [(workdir, point, *_kept_router(workdir, point)) for point in points]
+            pending += [(workdir, *kept) for kept in _kept_routers(workdir, encoders)]
     if not pending:
         return
     config = pending[0][3]
