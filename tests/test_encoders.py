@@ -410,15 +410,16 @@ def test_vectors_are_bit_for_bit_the_rule_counted_as_strings(ngram_range, monkey
     texts = [BLOCK_SEPARATOR.join(rng.choice(blocks, size=rng.integers(1, 6))) for _ in range(300)]
     texts += ["", "one", "a\n\n\nb", "end.\n\n!start", "a a a a b a a"]
     expected = reference_hashing_vectors(texts, 5, ngram_range)   # 5 buckets: each sums many features
+    monkeypatch.setattr(hashing, "_SHARED", {})
     encoder = HashingEncoder(dim=5, ngram_range=ngram_range)
     np.testing.assert_array_equal(encoder.encode(texts), expected)
     np.testing.assert_array_equal(encoder.encode(texts[::-1]), expected[::-1])   # every block cached now
     monkeypatch.setattr(hashing, "MAX_MEMO_ENTRIES", 30)
     monkeypatch.setattr(hashing, "COUNTED_TOGETHER", 50)
     monkeypatch.setattr(hashing, "_STATE_VECTORS", hashing._StateVectors())
-    fresh = HashingEncoder(dim=5, ngram_range=ngram_range)
-    np.testing.assert_array_equal(fresh.encode_blocks([t.split(BLOCK_SEPARATOR) for t in texts]), expected)
-    assert len(fresh._vocabulary) < 200   # started afresh on the way
+    another = HashingEncoder(dim=5, ngram_range=ngram_range)   # the first one's vocabulary and blocks
+    np.testing.assert_array_equal(another.encode_blocks([t.split(BLOCK_SEPARATOR) for t in texts]), expected)
+    assert len(another._shared.vocabulary) < 200   # started afresh on the way
 
 
 @pytest.mark.parametrize("size, high", [(0, 1), (1, 1), (7, 2), (500, 40), (5000, 10**12)])
@@ -439,12 +440,29 @@ def test_the_block_token_cache_is_bounded(monkeypatch):
     from rivet_jax.encoders import hashing
 
     monkeypatch.setattr(hashing, "BLOCK_CACHE_TOKENS", 10)
+    monkeypatch.setattr(hashing, "_SHARED", {})
     encoder = HashingEncoder(dim=16)
     for k in range(20):
         assert encoder.count_tokens(f"a b c {k}") == 4
-    assert encoder._cached_tokens <= 10 and len(encoder._blocks) == 2
+    assert encoder._shared.cached_tokens <= 10 and len(encoder._shared.blocks) == 2
     assert encoder.count_tokens("one two three four five six seven eight nine ten eleven") == 11   # too big: uncached
-    assert "one two three four five six seven eight nine ten eleven" not in encoder._blocks
+    assert "one two three four five six seven eight nine ten eleven" not in encoder._shared.blocks
+
+
+def test_encoders_of_one_fingerprint_share_their_blocks_and_vocabulary(monkeypatch):
+    """A block one encoder tokenized is found by every other encoder of its fingerprint (a job builds one per
+    router it loads), never by another fingerprint's; its vectors are those of an encoder that met nothing before."""
+    from rivet_jax.encoders import hashing
+
+    monkeypatch.setattr(hashing, "_SHARED", {})
+    monkeypatch.setattr(hashing, "_STATE_VECTORS", hashing._StateVectors())
+    first, second, other = HashingEncoder(dim=16), HashingEncoder(dim=16), HashingEncoder(dim=16, lowercase=False)
+    texts = ["Task:\nadd 2 and 3", "the answer is 5", "The Answer"]
+    alone = first.encode(texts)
+    assert set(second._shared.blocks) == set(texts) and second._shared is first._shared
+    assert other._shared is not first._shared and not other._shared.blocks
+    monkeypatch.setattr(hashing, "_SHARED", {})   # an encoder that met nothing, the other texts first
+    np.testing.assert_array_equal(HashingEncoder(dim=16).encode(texts[::-1])[::-1], alone)
 
 
 def test_the_state_vector_cache_is_bounded_shared_and_never_shared_out(monkeypatch):

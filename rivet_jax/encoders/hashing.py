@@ -174,6 +174,31 @@ class _Block:
         return len(self.ngrams[0])
 
 
+class _SharedFeatures:
+    """The vocabulary and the recently seen blocks' features (LRU, up to BLOCK_CACHE_TOKENS) of one fingerprint,
+    shared by every encoder of it under one lock, as the state vectors are (`_STATE_VECTORS`): a job loads a router,
+    and so builds an encoder, for every checkpoint it scores, and each encoder tokenizing every block again was most
+    of a rollout's serialization. Ids are the vocabulary's own: vectors do not depend on which encoder met a
+    feature first (`_forget` starts a fresh one midway through a job, bit for bit the same vectors)."""
+
+    def __init__(self, dim: int):
+        self.vocabulary = _Vocabulary(dim)
+        self.blocks: OrderedDict[str, _Block] = OrderedDict()   # block text -> its features (LRU)
+        self.cached_tokens = 0
+        self.lock = threading.Lock()   # the vocabulary and the block cache are shared by every caller
+
+
+_SHARED: dict[str, _SharedFeatures] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_features(fingerprint: str, dim: int) -> _SharedFeatures:
+    with _SHARED_LOCK:
+        if fingerprint not in _SHARED:
+            _SHARED[fingerprint] = _SharedFeatures(dim)
+        return _SHARED[fingerprint]
+
+
 class HashingEncoder:
     """Signed feature hashing of word n-grams with sublinear tf, L2-normalised.
 
@@ -196,10 +221,7 @@ class HashingEncoder:
         self.ngram_range = (low, high)
         self.lowercase = bool(lowercase)
         self._token_regex = re.compile(TOKEN_PATTERN)
-        self._vocabulary = _Vocabulary(self.dim)
-        self._blocks: OrderedDict[str, _Block] = OrderedDict()   # block text -> its features (LRU)
-        self._cached_tokens = 0
-        self._lock = threading.Lock()   # the vocabulary and the block cache are shared by every caller
+        self._shared = _shared_features(self.fingerprint, self.dim)   # every encoder of this fingerprint's
 
     @property
     def fingerprint(self) -> str:
@@ -217,7 +239,7 @@ class HashingEncoder:
         return self._token_regex.findall(text)
 
     def count_tokens(self, text: str) -> int:
-        with self._lock:
+        with self._shared.lock:
             return len(self._block(text))
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -246,10 +268,10 @@ class HashingEncoder:
     def _vectors(self, states: Sequence[Sequence[str]]) -> np.ndarray:
         """(N, dim) float32 vectors of states given as their blocks."""
         vectors = np.empty((len(states), self.dim), dtype=np.float32)  # (N, dim)
-        with self._lock:
+        with self._shared.lock:
             first, features, size = 0, [], 0
             for row, blocks in enumerate(states):
-                forget = len(self._vocabulary) > MAX_MEMO_ENTRIES   # bounded memory; never midway through a state
+                forget = len(self._shared.vocabulary) > MAX_MEMO_ENTRIES   # bounded memory; never midway through a state
                 if forget or size > COUNTED_TOGETHER:   # (counted with the ids' codes, before they are forgotten)
                     vectors[first:row] = self._normalised_vectors(features)
                     first, features, size = row, [], 0
@@ -280,7 +302,7 @@ class HashingEncoder:
                 ids[start:start + len(own)], within[start:start + len(own)] = own, True
             across = np.flatnonzero(~within)   # the n-grams that span a block boundary
             if across.size:
-                ids[across] = self._vocabulary.extended(ngrams[-1][across], ngrams[0][across + n - 1])
+                ids[across] = self._shared.vocabulary.extended(ngrams[-1][across], ngrams[0][across + n - 1])
             ngrams.append(ids)
         return np.concatenate(ngrams[low - 1:high])
 
@@ -288,12 +310,12 @@ class HashingEncoder:
         """(K, dim) float64: per text (its (F_k,) feature ids), the sum of sign * (1 + ln count) over its distinct
         features, added in the order they first occur. The K texts are counted at once, as (text, feature) pairs in
         text order: every bucket of a text gets the same additions in the same order as counting the text alone."""
-        width = len(self._vocabulary)
+        width = len(self._shared.vocabulary)
         text = np.repeat(np.arange(len(features)), [len(f) for f in features])                      # (F,)
         pairs = text * width + np.concatenate([np.zeros(0, np.int64), *features])                   # (F,)
         distinct, counts = distinct_in_order_met(pairs)                                             # (U,), (U,)
         rows, ids = np.divmod(distinct, width)
-        buckets, signs = unpack_bucket_and_sign(self._vocabulary.codes[ids])
+        buckets, signs = unpack_bucket_and_sign(self._shared.vocabulary.codes[ids])
         tf_weights = 1.0 + np.log(counts.astype(np.float64))                                        # (U,)
         return np.bincount(rows * self.dim + buckets, weights=signs * tf_weights,
                            minlength=len(features) * self.dim).reshape(len(features), self.dim)
@@ -301,24 +323,24 @@ class HashingEncoder:
     def _block(self, block: str) -> _Block:
         """The features of `block`, from the LRU cache or made now (and cached while the budget allows). The caller
         holds the lock."""
-        found = self._blocks.get(block)
+        found = self._shared.blocks.get(block)
         if found is not None:
-            self._blocks.move_to_end(block)
+            self._shared.blocks.move_to_end(block)
             return found
-        made = _Block(self._vocabulary.token_ids(self.tokenize(block)), self._vocabulary, self.ngram_range[1])
+        made = _Block(self._shared.vocabulary.token_ids(self.tokenize(block)), self._shared.vocabulary, self.ngram_range[1])
         if len(made) <= BLOCK_CACHE_TOKENS:
-            self._blocks[block] = made
-            self._cached_tokens += len(made)
-            while self._cached_tokens > BLOCK_CACHE_TOKENS:
-                _, dropped = self._blocks.popitem(last=False)
-                self._cached_tokens -= len(dropped)
+            self._shared.blocks[block] = made
+            self._shared.cached_tokens += len(made)
+            while self._shared.cached_tokens > BLOCK_CACHE_TOKENS:
+                _, dropped = self._shared.blocks.popitem(last=False)
+                self._shared.cached_tokens -= len(dropped)
         return made
 
     def _forget(self) -> None:
         """A fresh vocabulary, and no cached block (their ids were the old vocabulary's)."""
-        self._vocabulary = _Vocabulary(self.dim)
-        self._blocks.clear()
-        self._cached_tokens = 0
+        self._shared.vocabulary = _Vocabulary(self.dim)
+        self._shared.blocks.clear()
+        self._shared.cached_tokens = 0
 
     def __repr__(self) -> str:
         return f"HashingEncoder(dim={self.dim}, ngram_range={self.ngram_range}, lowercase={self.lowercase})"
