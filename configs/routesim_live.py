@@ -56,7 +56,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         live.own_logs_check = False
         config.data.holdout.validation, config.data.holdout.test = 0.2, 0.1   # tiny holds out none by default
         config.deploy.resamples = 50
-        config.deploy.seeds = 1   # one run per setting (seeded ensembles: tests/test_deploy.py); the loop test 38 -> 32 s
+        config.deploy.seeds = 1   # one run per setting (seeded ensembles: tests/test_deploy.py)
         # Two conservatism settings and one shrinkage: 20 candidates a round instead of 86, every step still taken
         config.deploy.alphas, config.deploy.cql_on, config.deploy.shrinkage = (0.0, 0.1), ("all",), (0.5,)
         config.loop.warm_epochs = 2
