@@ -347,8 +347,8 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
         policies = members(GroupMember, validating)
         val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,
                                       config.online.eval_seed)
-        curving = {k for k, r in enumerate(validating) if point in runs[r].config.online.curve_points}
-        drawn = [k for k in sorted(curving) if not runs[validating[k]].config.online.defer_curve]
+        curving = [k for k, r in enumerate(validating) if point in runs[r].config.online.curve_points]
+        drawn = [k for k in curving if not runs[validating[k]].config.online.defer_curve]
         tests = evaluation.rollout_each(env, [policies[k] for k in drawn], config.online.test_split,
                                         config.online.eval_rollouts, config.online.eval_seed) if drawn else []
         test = dict(zip(drawn, tests))  # only the runs that draw a learning curve now pay for its test rollouts
@@ -473,7 +473,7 @@ def adapt_group(configs: Sequence, workdirs: Sequence[str | Path], env: Env, pre
                            *learners[shape_signature(configs[members[0]])], saves, on_validation)
     for _, run, *_ in opened:
         (run.workdir / CURVE_FILE).write_text(json.dumps(dataclasses.asdict(run.progress), indent=2) + "\n",
-                                                      encoding="utf-8")
+                                              encoding="utf-8")
     best = [run.best_state(template) for template, run, *_ in opened]
     for _, run, *_ in opened:
         run.close()

@@ -4,9 +4,9 @@ Drawing the curve during the stage (Figure 4: the router at each of `online.curv
 manifest) costs every run a test rollout set per point, four times the validation's on RouteSim. The reproduction
 trains its whole conservatism grid through the online stage but reads the curve of the chosen setting's runs
 alone, a choice made after the stage. With `online.defer_curve` a run keeps its router at each curve point instead
-(stage `online.CURVE`: its RVE's parameters and the card embeddings), and `draw_curves` rolls out only the runs asked for: the
-same episodes as the stage would have drawn (greedy, the same draws, one `RouterGroup` per router as the stage
-scores each run on a CPU), written into the run's online_curve.json.
+(stage `online.CURVE`: its RVE's parameters and the card embeddings), and `draw_curves` rolls out only the runs
+asked for: the same episodes as the stage would have drawn (greedy, the same draws, one `RouterGroup` per router as
+the stage scores each run on a CPU), written into the run's online_curve.json.
 """
 
 from __future__ import annotations
@@ -74,17 +74,18 @@ def draw_curves(workdirs: Sequence[str | Path], env: Env) -> None:
         drawn = [p["trajectories"] for p in online.read_progress(workdir)["curve"]]
         if points and drawn != points:
             pending += [(workdir, *kept) for kept in _kept_routers(workdir, encoders)]
-    if not pending:
-        return
-    config = pending[0][3]
-    policies = [GroupMember(group, 0) for _, _, group, _, _ in pending]
-    episodes = evaluation.rollout_each(env, policies, config.online.test_split, config.online.eval_rollouts,
-                                       config.online.eval_seed)
+    # routers whose runs roll out alike (split, rollouts per task, draws) together, as the stage's runs are
+    together: dict[tuple, list] = {}
+    for kept in pending:
+        drawing = kept[3].online
+        together.setdefault((drawing.test_split, drawing.eval_rollouts, drawing.eval_seed), []).append(kept)
     curves: dict[Path, list[dict]] = {}
-    for (workdir, point, _, run_config, c_ref), run_episodes in zip(pending, episodes):
-        metrics = evaluation.episode_metrics(run_episodes, Reward.of(run_config, c_ref),
-                                             run_config.online.eval_rollouts)
-        curves.setdefault(workdir, []).append({"trajectories": point, **metrics})
+    for (split, rollouts, seed), routers in together.items():
+        episodes = evaluation.rollout_each(env, [GroupMember(group, 0) for _, _, group, _, _ in routers], split,
+                                           rollouts, seed)
+        for (workdir, point, _, run_config, c_ref), run_episodes in zip(routers, episodes):
+            metrics = evaluation.episode_metrics(run_episodes, Reward.of(run_config, c_ref), rollouts)
+            curves.setdefault(workdir, []).append({"trajectories": point, **metrics})
     for workdir, curve in curves.items():
         path = workdir / online.CURVE_FILE
         progress = json.loads(path.read_text(encoding="utf-8"))

@@ -271,7 +271,7 @@ class HashingEncoder:
         with self._shared.lock:
             first, features, size = 0, [], 0
             for row, blocks in enumerate(states):
-                forget = len(self._shared.vocabulary) > MAX_MEMO_ENTRIES   # bounded memory; never midway through a state
+                forget = len(self._shared.vocabulary) > MAX_MEMO_ENTRIES   # bounded; never midway through a state
                 if forget or size > COUNTED_TOGETHER:   # (counted with the ids' codes, before they are forgotten)
                     vectors[first:row] = self._normalised_vectors(features)
                     first, features, size = row, [], 0
@@ -323,17 +323,18 @@ class HashingEncoder:
     def _block(self, block: str) -> _Block:
         """The features of `block`, from the LRU cache or made now (and cached while the budget allows). The caller
         holds the lock."""
-        found = self._shared.blocks.get(block)
+        shared = self._shared
+        found = shared.blocks.get(block)
         if found is not None:
-            self._shared.blocks.move_to_end(block)
+            shared.blocks.move_to_end(block)
             return found
-        made = _Block(self._shared.vocabulary.token_ids(self.tokenize(block)), self._shared.vocabulary, self.ngram_range[1])
+        made = _Block(shared.vocabulary.token_ids(self.tokenize(block)), shared.vocabulary, self.ngram_range[1])
         if len(made) <= BLOCK_CACHE_TOKENS:
-            self._shared.blocks[block] = made
-            self._shared.cached_tokens += len(made)
-            while self._shared.cached_tokens > BLOCK_CACHE_TOKENS:
-                _, dropped = self._shared.blocks.popitem(last=False)
-                self._shared.cached_tokens -= len(dropped)
+            shared.blocks[block] = made
+            shared.cached_tokens += len(made)
+            while shared.cached_tokens > BLOCK_CACHE_TOKENS:
+                _, dropped = shared.blocks.popitem(last=False)
+                shared.cached_tokens -= len(dropped)
         return made
 
     def _forget(self) -> None:

@@ -38,9 +38,9 @@ from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
-from rivet_jax.online_curve import draw_curves
 from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
+from rivet_jax.online_curve import draw_curves
 from rivet_jax.progress import Phases, Progress
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, exact_pool, row, seed_row
