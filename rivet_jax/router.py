@@ -376,14 +376,21 @@ class Router:
 class RouterGroup:
     """R routers of one network shape (the runs of a run group) scored together: their RVE parameters stacked on a
     leading run axis (R, ...), every pending state of every run embedded in one encoder pass and scored in one
-    vmapped network call. Member policies (`envs.base.GroupMember`) decide through it jointly."""
+    vmapped network call. Member policies (`envs.base.GroupMember`) decide through it jointly.
 
-    def __init__(self, params: dict, pool: ModelPool, encoder: Encoder, config: ml_collections.ConfigDict,
-                 card_embeddings: np.ndarray):
+    `params` may also be a list of stacked parts (R_p, ...), runs numbered across them in order: each part is then
+    scored in a call of its own (the encoder pass still one for all), as if each part were a group. Per-part calls
+    keep each run's arithmetic that of its own part (a vmap over more runs may round differently), and on a CPU a
+    part of one run is the faster shape: a vmapped call over many runs' large batches is memory-bound."""
+
+    def __init__(self, params: dict | Sequence[dict], pool: ModelPool, encoder: Encoder,
+                 config: ml_collections.ConfigDict, card_embeddings: np.ndarray):
         self.pool, self.encoder, self.config = pool, encoder, config
         self._net = make_network(config)
-        self._params = rve_params(params)
-        self.size = int(jax.tree.leaves(self._params)[0].shape[0])
+        self._parts = [rve_params(part) for part in (params if isinstance(params, (list, tuple)) else [params])]
+        sizes = [int(jax.tree.leaves(part)[0].shape[0]) for part in self._parts]
+        self._starts = np.cumsum([0] + sizes)                      # run r is in part p where starts[p] <= r
+        self.size = int(self._starts[-1])
         card_x, card_mask = card_features(pool)
         self._cards = (jnp.asarray(card_embeddings, jnp.float32), jnp.asarray(card_x), jnp.asarray(card_mask))
 
@@ -392,14 +399,20 @@ class RouterGroup:
         """Q_route (B_k, M) of run `runs[k]` on its states `states[k]`; unavailable candidates get -inf."""
         blocks = [_blocks(self.encoder, self.config, task, history) for group in states for task, history in group]
         h = np.asarray(encode_states(self.encoder, blocks), np.float32)                              # (sum B_k, D)
-        rows = pad_rows(np.zeros(max(len(group) for group in states)))
-        stacked = np.zeros((self.size, len(rows), h.shape[1]), np.float32)                           # (R, B, D)
         offsets = np.cumsum([0] + [len(group) for group in states])
-        for run, start, stop in zip(runs, offsets[:-1], offsets[1:]):
-            stacked[run, :stop - start] = h[start:stop]
-        q = np.asarray(_q_route_each(self._net, self._params, jnp.asarray(stacked), self._cards))   # (R, B, M)
-        return [np.where(availability_masks(self.pool, avail), q[run, :stop - start], -np.inf)
-                for run, start, stop, avail in zip(runs, offsets[:-1], offsets[1:], available)]
+        part_of = np.searchsorted(self._starts, runs, side="right") - 1
+        q_rows: list = [None] * len(runs)
+        for part in sorted(set(part_of.tolist())):
+            ks = np.flatnonzero(part_of == part)
+            rows = pad_rows(np.zeros(max(len(states[k]) for k in ks)))
+            stacked = np.zeros((self._starts[part + 1] - self._starts[part], len(rows), h.shape[1]),
+                               np.float32)                                                         # (R_p, B, D)
+            for k in ks:
+                stacked[runs[k] - self._starts[part], :len(states[k])] = h[offsets[k]:offsets[k + 1]]
+            q = np.asarray(_q_route_each(self._net, self._parts[part], jnp.asarray(stacked), self._cards))
+            for k in ks:                                                                           # (R_p, B, M)
+                q_rows[k] = q[runs[k] - self._starts[part], :len(states[k])]
+        return [np.where(availability_masks(self.pool, avail), q, -np.inf) for q, avail in zip(q_rows, available)]
 
     def decide_members(self, members: Sequence[tuple[object, Sequence[tuple]]]) -> list[list[tuple[str, float]]]:
         """The joint decider of `envs.base.decide_each`: (member policy, its requests) -> its (model, propensity)

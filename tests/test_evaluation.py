@@ -1,14 +1,20 @@
-"""Evaluation helpers and the trivial baselines (fixed model, random router), with hand-checked numbers."""
+"""Evaluation helpers, the trivial baselines (fixed model, random router) by hand, and joint rollouts."""
 
+import jax
 import numpy as np
 import pytest
 
 from configs import routesim as routesim_config
 from rivet_jax import evaluation
+from rivet_jax.data.cards import card_features
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.envs.base import FixedModelPolicy, RandomPolicy, run_episode
+from rivet_jax.encoders import make_encoder
+from rivet_jax.envs.base import FixedModelPolicy, GroupMember, RandomPolicy, run_episode
 from rivet_jax.envs.routesim import make_routesim
+from rivet_jax.learner import stack
+from rivet_jax.networks import init_params, make_network, rve_params
+from rivet_jax.router import RouterGroup
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +82,30 @@ def test_batched_rollouts_equal_one_episode_at_a_time(sim):
     assert policy.batch_sizes == sorted(policy.batch_sizes, reverse=True)
     assert len(policy.batch_sizes) == max(len(e.turns) for e in together)
     assert sum(policy.batch_sizes) == sum(len(e.turns) for e in together)
+
+
+def test_a_router_group_of_parts_decides_as_one_group_per_part(sim):
+    """Online adaptation on a CPU scores its runs as one `RouterGroup` whose parts are its chunks (one encoder pass a
+    round for all): each run's rollouts equal those through a group of its part alone, and a part of two runs
+    scores each as a stacked group of both does."""
+    config = routesim_config.get_config("tiny")
+    encoder, net = make_encoder(config.encoder), make_network(config)
+    cards = np.random.default_rng(0).normal(size=(len(sim.pool), config.encoder.dim)).astype(np.float32)
+    params = [rve_params(init_params(net, jax.random.key(seed), config.encoder.dim,
+                                     (cards, *card_features(sim.pool)))) for seed in range(3)]
+    parts = [stack(params[:1]), stack(params[1:])]                 # runs 0 | 1, 2
+    joint = RouterGroup(parts, sim.pool, encoder, config, cards)
+    apart = [RouterGroup(part, sim.pool, encoder, config, cards) for part in parts]
+    split, rollouts, seed = "validation", 2, 5
+    got = evaluation.rollout_each(sim, [GroupMember(joint, r) for r in range(3)], split, rollouts, seed)
+    want = evaluation.rollout_each(sim, [GroupMember(apart[0], 0), GroupMember(apart[1], 0),
+                                         GroupMember(apart[1], 1)], split, rollouts, seed)
+    assert joint.size == 3
+    assert [[e.to_json() for e in run] for run in got] == [[e.to_json() for e in run] for run in want]
+    states = [[(task.prompt, ()) for task in sim.tasks(split)[:4]]] * 3
+    available = [[list(sim.pool.names)] * 4] * 3
+    for got_q, want_q in zip(joint.scores([0, 1, 2], states, available),
+                             apart[0].scores([0], states[:1], available[:1])
+                             + apart[1].scores([0, 1], states[1:], available[1:])):
+        np.testing.assert_array_equal(got_q, want_q)
+    assert not np.array_equal(*joint.scores([1, 2], states[1:], available[1:]))  # the runs differ
