@@ -104,8 +104,8 @@ def make_group_update(net, tx, config, mesh=None) -> Callable:
     trajectory's updates of a chunk's runs (stacked states and replays, see `RunChunks`), one program for all T
     steps: at step j every active run takes one TD+CQL step on a half-logged, half-new batch (the new half from its
     first num_new[j, r] rows), inactive runs keep their state (loss 0), and a step where no run of the chunk is
-    active is skipped. One call per trajectory, not one per transition: on a 2-core CPU the selection grid's
-    updates took 6.7-7.5 ms of thread time each instead of 8.6 (the same arithmetic, bit for bit).
+    active is skipped. One call per trajectory, not one per transition: fewer dispatches and host round trips, the
+    same arithmetic bit for bit.
 
     With a multi-device `mesh` each batch is split over its devices (states and replays replicated)."""
     batch_size = config.optim.batch_size

@@ -50,7 +50,7 @@ BLOCK_CACHE_TOKENS = 2**20
 # span blocks, so a state's vector is not a sum of its blocks' and is worth keeping whole. One cache for the process,
 # not one per encoder: a job holds dozens of routers, each with its own encoder (64 MB each took the main job from
 # 3.0 to 4.2 GB). 128 MB, not 32: a 15-run online validation's states (about 30 MB) stay from one validation to the
-# next (the selection grid's validations 18.3 -> 15.4 s).
+# next (the selection grid's validations 18.3 -> 15.4 s in one bench run, the machine drifting ~10% between runs).
 STATE_CACHE_BYTES = 2**27
 
 
