@@ -237,6 +237,32 @@ def test_exact_reports_solved_in_the_lowest_priority_process_equal_those_solved_
     assert got == [here.exact("test", 0.05), here.oracle("test", 0.05), here.oracle("test", 0.1)]
 
 
+def test_baselines_fitted_and_rolled_out_in_the_lowest_priority_process_equal_those_fitted_here(tmp_path):
+    """`Evaluator.baselines_ahead`: the baselines fitted on the corpus and rolled out in `exact_pool`'s process (a
+    store in memory there) give the episodes, bit for bit, that fitting them here on the job's on-disk store and
+    rolling them out here gives, per split and models available; the tables read those through `Evaluator`."""
+    from rivet_jax.baselines.registry import fit_baselines
+    from rivet_jax.encoders import embedding_store, make_encoder
+    from rivet_jax.experiments.evaluator import Evaluator, RolledOut, exact_pool
+
+    config = routesim_config.get_config("tiny")
+    tiny = make_routesim(config.sim)
+    logged = collect.collect_corpus(tiny, config.collect.split, config.collect.seed)
+    c_ref, without_first = reference_cost(logged), tiny.pool.names[1:]
+    ev = Evaluator(tiny, config, c_ref)
+    with exact_pool() as pool:
+        ahead = ev.baselines_ahead(logged, LAM, [("test", None), ("test", without_first)], pool).result()
+    store = embedding_store(config, make_encoder(config.encoder), tmp_path)
+    here = fit_baselines(config, logged, tiny.pool, store, LAM, c_ref)
+    assert sorted(ahead) == sorted(here) and all(isinstance(p, RolledOut) for p in ahead.values())
+    for name, policy in here.items():
+        for available in (None, without_first):
+            episodes = evaluation.rollout(tiny, policy, "test", config.evaluate.rollouts_per_task, config.evaluate.seed,
+                                          available=available)
+            assert ev.episodes(ahead[name], "test", available) == episodes, name
+    assert {t.model for e in ev.episodes(ahead["MTRouter"], "test", without_first) for t in e.turns} <= set(without_first)
+
+
 def test_exact_reports_solved_ahead_in_a_thread_are_those_solved_on_request(monkeypatch):
     """The main job starts the exact reports its evaluation reads while its routers train (`Evaluator.solve_ahead`):
     the same reports as solved on request, each solved once in the pool's thread (a full report serving the

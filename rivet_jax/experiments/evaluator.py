@@ -11,8 +11,10 @@ from typing import Sequence
 import numpy as np
 
 from rivet_jax import evaluation
+from rivet_jax.baselines.registry import fit_baselines
 from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode
+from rivet_jax.encoders import EmbeddingStore, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy
 from rivet_jax.envs.routesim import RouteSim
@@ -58,6 +60,14 @@ class SwitchAtTwoPolicy(_InterventionPolicy):
         return self.router.pool.names[int(ranked[1] if len(history) == 1 and len(available) > 1 else ranked[0])]
 
 
+class RolledOut:
+    """A policy rolled out elsewhere (`baselines_ahead`, in `exact_pool`'s process): `Evaluator.episodes` returns its
+    episodes, per (split, models available or None), instead of rolling it out."""
+
+    def __init__(self, name: str, episodes: dict[tuple[str, tuple | None], list[Episode]]):
+        self.name, self.episodes = name, episodes
+
+
 class Evaluator:
     """Rollouts and exact reports on one simulator, with the corpus' c_ref and the configured rollouts."""
 
@@ -82,6 +92,15 @@ class Evaluator:
                 self._ahead[key, oracle_only] = pool.submit(oracle.policy_report, self.sim, split, self._reward(lam),
                                                             available=key[2], oracle_only=oracle_only)
 
+    def baselines_ahead(self, logged: Sequence[Episode], lam: float,
+                        requests: Sequence[tuple[str, Sequence[str] | None]],
+                        pool: concurrent.futures.Executor) -> concurrent.futures.Future:
+        """Starts fitting the baselines on `logged` at `lam` in `pool` and rolling each out on every (split, models
+        available or None) of `requests`: they read the corpus alone, so the main job fits and rolls them out while
+        its routers train. The future's result: {name: `RolledOut`}, what the tables take as the baselines."""
+        return pool.submit(rolled_out_baselines, self.sim, self.config, logged, lam, self.c_ref,
+                           [(split, None if available is None else tuple(available)) for split, available in requests])
+
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
                  record: str | None = None, reuse: object | None = None) -> dict:
         """One router's rollouts over a split (`episodes`) and their metrics at `lam`: one unit of `progress`; the
@@ -99,6 +118,8 @@ class Evaluator:
         rng([evaluate.seed, r, i])). With `reuse` (e.g. the router a policy acts for) they are kept, and a later call
         with the same `reuse`, split and models available returns them instead of rolling the same policy out again:
         Tables 1, 2 and 3 read the same RIVET Online episodes."""
+        if isinstance(policy, RolledOut):
+            return policy.episodes[split, None if available is None else tuple(available)]
         key = None if reuse is None else (id(reuse), split, None if available is None else tuple(available))
         if key in self._kept:
             return self._kept[key][1]
@@ -138,11 +159,24 @@ class Evaluator:
         return Reward(lam, self.config.reward.gamma, self.c_ref)
 
 
+def rolled_out_baselines(sim: RouteSim, config, logged: Sequence[Episode], lam: float, c_ref: float,
+                         requests: Sequence[tuple[str, tuple | None]]) -> dict[str, RolledOut]:
+    """`Evaluator.baselines_ahead`'s work: every baseline (`fit_baselines`) and its rollouts per request, as
+    `Evaluator.episodes` rolls out. Its store embeds in memory: a worker process writes nothing to the job's
+    embedding cache, which the main process writes (the hashing encoder's vectors are the cached ones, bit for bit)."""
+    fitted = fit_baselines(config, logged, sim.pool, EmbeddingStore(make_encoder(config.encoder)), lam, c_ref)
+    e = config.evaluate
+    return {name: RolledOut(name, {(split, available): evaluation.rollout(
+                sim, policy, split, e.rollouts_per_task, e.seed, available=None if available is None else list(available))
+                for split, available in requests}) for name, policy in fitted.items()}
+
+
 def exact_pool() -> concurrent.futures.Executor:
-    """Where `Evaluator.solve_ahead` solves: one worker process at the lowest CPU priority. The DPs are numpy work
-    in many small calls: in a thread of the job they held its interpreter in turn with the rollouts and took a core
-    from the training; the process runs on what training and rollouts leave idle (the main job kept 1.57 of its 2
-    cores busy) and gets the same numbers. Spawned, not forked: the job's JAX runs threads."""
+    """Where the main job works beside its training: one worker process at the lowest CPU priority, for the oracle's
+    DPs (`Evaluator.solve_ahead`), the baselines (`Evaluator.baselines_ahead`) and the Q* diagnostics. The DPs are
+    numpy work in many small calls: in a thread of the job they held its interpreter in turn with the rollouts and
+    took a core from the training; the process runs on what training and rollouts leave idle (the main job kept
+    about 1.5 of its 2 cores busy) and gets the same numbers. Spawned, not forked: the job's JAX runs threads."""
     return concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                   initializer=_lowest_priority)
 

@@ -6,7 +6,8 @@ Phases, each resumable inside one workdir:
      and its ablations (w/o CQL, w/o RIVE, w/o response)         <workdir>/runs/<ablation>/seed_<s>/
      and at every other lambda of the sweep                      <workdir>/runs/lambda_<lam>/seed_<s>/
      as one run group: the offline stages of every run step together under vmap (rivet_jax/engine.py)
-  3. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus
+  3. fit the baselines (MTRouter-style, kNN, cluster, EmbedLLM, RouterDC) on the same corpus and roll them out,
+     beside the training, in the process of the oracle's DPs (`experiments/evaluator.exact_pool`)
   4. evaluate: Table 1 (test + three OOD sets), Table 2 (ablations), Figure 3 (lambda sweep + oracle), Figure 4
      (online learning curve), Table 5 (unavailable models), Table 3 (stay / switch), accuracy-cost scatter,
      Tables 6-7 (routing after execution errors), Table 8 / Figure 5 (model selection per turn stage) and the Q*
@@ -31,10 +32,8 @@ import numpy as np
 from absl import logging
 
 from rivet_jax import evaluation, online, train
-from rivet_jax.baselines.registry import fit_baselines
 from rivet_jax.data.replay import Reward, reference_cost
 from rivet_jax.data.schema import read_episodes
-from rivet_jax.encoders import embedding_store, make_encoder
 from rivet_jax.envs import oracle
 from rivet_jax.envs.base import Policy, RouterPolicy, run_episodes
 from rivet_jax.envs.routesim import make_routesim
@@ -215,6 +214,14 @@ def exact_requests(config: ml_collections.ConfigDict, pool) -> list[tuple]:
             *((split, x, None, True) for x in rp.frontier_lambdas)]
 
 
+def baseline_requests(config: ml_collections.ConfigDict, pool) -> list[tuple]:
+    """Where the evaluation rolls the baselines out ((split, models available or None), as
+    `Evaluator.baselines_ahead` takes them): Table 1's splits, Table 5's test split without each removed model."""
+    split, names = config.evaluate.split, pool.names
+    return [*((s, None) for s in (split, *config.reproduce.ood_splits)),
+            *((split, [n for n in names if n != removed]) for removed in removed_models(pool))]
+
+
 def interventions(ev: Evaluator, rivet_online: list[Router], lam: float) -> list[dict]:
     """Table 3: on episodes where RIVET switches, keep the first model (Stay); on episodes where it keeps one model
     beyond the first turn, force its second choice at turn two (Switch). Same task and seed for both policies."""
@@ -305,8 +312,10 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     episodes = read_episodes(episodes_path, sim.pool).episodes
     c_ref = reference_cost(episodes)
     ev = Evaluator(sim, config, c_ref)
-    # The oracle's DPs, from now on in a process of the lowest priority: on the cores training and rollouts leave idle
+    # The oracle's DPs and the baselines, from now on in a process of the lowest priority: on the cores training and
+    # rollouts leave idle
     ev.solve_ahead(exact_requests(config, sim.pool), ahead)
+    baselines_ahead = ev.baselines_ahead(episodes, lam, baseline_requests(config, sim.pool), ahead)
 
     settings = selection.grid(config)
     listed = "; ".join(map(selection.label, settings))
@@ -344,6 +353,7 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     cache_sim = make_routesim(cached.sim)
     cache_ev = Evaluator(cache_sim, cached, cache_c_ref)
     cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
+    cache_baselines_ahead = cache_ev.baselines_ahead(cache_episodes, lam, [(config.evaluate.split, None)], ahead)
     # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
     extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
     members = f"{selection.variant(chosen)}_members"
@@ -367,10 +377,12 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     # The grid's other settings (the paper's among them) are rows of Table 2 and of the diagnostics.
     other_settings = {r["router"]: by_setting[selection.variant((r["alpha"], r["cql_on"]))] for r in selected
                       if not r["chosen"] and r["alpha"] > 0}
-    log("fit the baselines", 4)
-    store = embedding_store(config, make_encoder(config.encoder), workdir)
-    baselines = fit_baselines(config, episodes, sim.pool, store, lam, c_ref)
-    cache_baselines = fit_baselines(cached, cache_episodes, cache_sim.pool, store, lam, cache_c_ref)
+    one_each = {**singles, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]}  # one run per seed
+    diagnosed = ahead.submit(q_star_diagnostics, config, sim, episodes, {
+        MAIN: ensembles, **{name: ensembles for name in lower},
+        **{name: [[d] for d in dirs] for name, dirs in one_each.items()}}, pessimism=lower)
+    log("the baselines, fitted and rolled out beside the training (in the DPs' process)", 4)
+    baselines, cache_baselines = baselines_ahead.result(), cache_baselines_ahead.result()
 
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
@@ -409,10 +421,7 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
-    one_each = {**singles, **other_settings, "w/o CQL": ablation_dirs["w/o CQL"]}  # one run per seed
-    experiments["diagnostics"] = q_star_diagnostics(config, sim, episodes, {
-        MAIN: ensembles, **{name: ensembles for name in lower},
-        **{name: [[d] for d in dirs] for name, dirs in one_each.items()}}, pessimism=lower)
+    experiments["diagnostics"] = diagnosed.result()   # (solved in the DPs' process beside the evaluation)
     log("Q* diagnostics done")
 
     log("write the report", 6)
