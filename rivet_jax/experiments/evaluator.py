@@ -165,10 +165,13 @@ def rolled_out_baselines(sim: RouteSim, config, logged: Sequence[Episode], lam: 
     `Evaluator.episodes` rolls out. Its store embeds in memory: a worker process writes nothing to the job's
     embedding cache, which the main process writes (the hashing encoder's vectors are the cached ones, bit for bit)."""
     fitted = fit_baselines(config, logged, sim.pool, EmbeddingStore(make_encoder(config.encoder)), lam, c_ref)
-    e = config.evaluate
-    return {name: RolledOut(name, {(split, available): evaluation.rollout(
-                sim, policy, split, e.rollouts_per_task, e.seed, available=None if available is None else list(available))
-                for split, available in requests}) for name, policy in fitted.items()}
+
+    def rollout(policy: Policy, split: str, available: tuple | None) -> list[Episode]:
+        return evaluation.rollout(sim, policy, split, config.evaluate.rollouts_per_task, config.evaluate.seed,
+                                  available=None if available is None else list(available))
+
+    return {name: RolledOut(name, {(split, available): rollout(policy, split, available)
+                                   for split, available in requests}) for name, policy in fitted.items()}
 
 
 def exact_pool() -> concurrent.futures.Executor:
