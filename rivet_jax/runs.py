@@ -52,12 +52,14 @@ def run_dir(workdir: Path, variant: str, seed: int) -> Path:
 
 def train_variants(config: ml_collections.ConfigDict, episodes: Path, cards: Path, workdir: Path,
                    variants: dict[str, tuple[dict[str, Any], str]], seeds: Sequence[int],
-                   on_stage_end: Callable[[str], None] | None = None) -> dict[str, list[Path]]:
-    """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed, into
-    <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/train.py: the offline stages of all runs step
-    together under vmap, then each run's online stage). Logs progress with an ETA; returns each variant's dirs.
-    `on_stage_end(stage)`: after each offline stage of every run (`train.train_group`)."""
-    runs = [(name, seed) for name in variants for seed in seeds]
+                   on_stage_end: Callable[[str], None] | None = None,
+                   seeds_of: dict[str, Sequence[int]] | None = None) -> dict[str, list[Path]]:
+    """Trains (or resumes) every variant (name -> (overrides, stage)) at every seed (`seeds_of[name]` where given),
+    into <workdir>/runs/<slug>/seed_<s>/, as one run group (rivet_jax/train.py: the offline stages of all runs step
+    together under vmap, then the online stages of runs alike in lockstep). Logs progress with an ETA; returns each
+    variant's dirs, in the order of its seeds. `on_stage_end(stage)`: after each offline stage of every run
+    (`train.train_group`)."""
+    runs = [(name, seed) for name in variants for seed in (seeds_of or {}).get(name, seeds)]
     configs = [run_config(config, episodes, cards, workdir, seed, *variants[name]) for name, seed in runs]
     dirs = [run_dir(workdir, name, seed) for name, seed in runs]
     # (run dir, stage, its epochs): each run's own (a variant may override them)

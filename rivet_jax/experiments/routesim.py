@@ -340,11 +340,19 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
                 **{f"lambda_{x}": ({**at_chosen, "reward.lam": x}, "offline") for x in other_lambdas},
                 CONDITIONED_RUNS: ({**at_chosen, "reward.lam_range": (sweep[0], sweep[-1]),
                                     "td_epochs": rp.conditioned_td_epochs}, "offline")}
+    # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds, trained
+    # in the same run group (their online stages in lockstep with the ablations')
+    extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
+    members = f"{selection.variant(chosen)}_members"
     scores = "; ".join(f"{selection.label((r['alpha'], r['cql_on']))}: {r['val_return']:.4f}" for r in selected)
     why = f"validation J {scores}" if config.select.enabled else "fixed: select.enabled is off"
+    more = f", and {len(extra)} more runs at it to average {rp.ensemble} per seed" if extra else ""
     log(f"{selection.label(chosen)} chosen on '{config.select.split}' ({why}); train its ablations and the lambda "
-        f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds", 3)
-    dirs = train_variants(config, episodes_path, cards_path, workdir, variants, rp.seeds)
+        f"sweep: {len(variants)} variants x {len(rp.seeds)} seeds{more}", 3)
+    dirs = train_variants(config, episodes_path, cards_path, workdir,
+                          {**variants, **({members: (at_chosen, "all")} if extra else {})}, rp.seeds,
+                          seeds_of={members: extra})
+    by_seed = dict(zip(extra, dirs[members] if extra else []))
     log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
         f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
     cache_dirs, cache_episodes = prompt_cache.train_routers(config, workdir, at_chosen, rp.seeds)
@@ -354,13 +362,6 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     cache_ev = Evaluator(cache_sim, cached, cache_c_ref)
     cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
     cache_baselines_ahead = cache_ev.baselines_ahead(cache_episodes, lam, [(config.evaluate.split, None)], ahead)
-    # RIVET (ours) averages `ensemble` runs per seed: the grid's run and ensemble - 1 more at other seeds.
-    extra = [s for seed in rp.seeds for s in member_seeds(seed, rp.ensemble)[1:]]
-    members = f"{selection.variant(chosen)}_members"
-    if extra:
-        log(f"train {len(extra)} more runs at {selection.label(chosen)} to average {rp.ensemble} per seed")
-    by_seed = dict(zip(extra, train_variants(config, episodes_path, cards_path, workdir,
-                                             {members: (at_chosen, "all")}, extra)[members] if extra else []))
     ensembles = [[d] + [by_seed[s] for s in member_seeds(seed, rp.ensemble)[1:]]
                  for seed, d in zip(rp.seeds, main_dirs)]
     offline, onlines = ([Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]) for runs in ensembles]
