@@ -210,18 +210,15 @@ class OnlineRun:
         return evaluation.episode_metrics(episodes, Reward.of(self.config, self.prepared.c_ref),
                                           self.config.online.eval_rollouts)
 
-    def save_progress(self, state: TrainState, replay: Batch, num_new: int,
-                      saves: checkpointing.BackgroundSaves) -> None:
-        """The state and the filled rows of the new replay (the empty capacity is not written), saved by `saves`.
-        `state` and `replay` must be this run's own arrays (`RunChunks.state`, `.replay`: no update donates them)."""
+    def save_progress(self, state: TrainState, filled: Batch, saves: checkpointing.BackgroundSaves) -> None:
+        """The state and the filled rows of the new replay (`RunChunks.filled`), saved by `saves`. `state` must be
+        this run's own arrays (`RunChunks.state`: no update donates them)."""
         self.check_finite(state)
-        meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": num_new}
+        meta = {**self.meta, "progress": dataclasses.asdict(self.progress), "num_new": len(filled.action)}
         trajectories, state = self.progress.trajectories, saveable(state)
 
         def save():
-            # Sliced on the host: a device slice would compile one program for every distinct num_new.
-            filled = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[:num_new]), replay)
-            self.saved.save(trajectories, {"state": state, "replay": filled}, meta)
+            self.saved.save(trajectories, {"state": state, "replay": jax.tree.map(jnp.asarray, filled)}, meta)
 
         saves.submit(save)
 
@@ -316,9 +313,13 @@ class RunChunks:
         c, i = self.where(r)
         return unstack(self.states[c], i)
 
-    def replay(self, r: int) -> Batch:
+    def filled(self, r: int, rows: int) -> Batch:
+        """Run r's first `rows` rows of the new replay, copied to the host: what its progress checkpoint writes. A
+        pending save then holds those rows alone, not the replay's capacity (with every run of a validation round
+        saving at once, those copies were most of the stage's memory); sliced on the host, as a device slice would
+        compile one program for every distinct `rows`."""
         c, i = self.where(r)
-        return unstack(self.replays[c], i)
+        return jax.tree.map(lambda x: np.array(np.asarray(x)[i, :rows]), self.replays[c])
 
     def reserve(self, c: int, rows: int) -> None:
         """Room for `rows` rows in chunk c's replays: its capacity doubled (at most `most`) when short."""
@@ -449,7 +450,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
                     and counters.since_best >= config.online.patience)
             counters.finished = stop or counters.trajectories >= len(run.order)
             if counters.trajectories % config.online.validate_every == 0 or counters.finished:
-                run.save_progress(chunks.state(r), chunks.replay(r), int(num_new[r]), saves)
+                run.save_progress(chunks.state(r), chunks.filled(r, int(num_new[r])), saves)
             if stop:
                 logging.info("online %s: early stop after %d trajectories (best at %d)", run.workdir,
                              counters.trajectories, counters.best_at)

@@ -129,6 +129,8 @@ def train_group(configs: Sequence, workdirs: Sequence[str | Path], on_epoch_end:
             if on_stage_end is not None and members:
                 on_stage_end(stage)
         adapting = [i for i in range(len(configs)) if "online" in stages[i]]
+        for i in adapting:   # (its TD state is on disk, where the online stage starts from: not held beside it)
+            final[i] = None
         for members in grouped(adapting, key=lambda i: shape_signature(configs[i])):
             best = online.adapt_group([configs[i] for i in members], [workdirs[i] for i in members],
                                       env or environment(configs[members[0]]), [prepared[i] for i in members])
