@@ -73,6 +73,18 @@ def _phase(thresholds: tuple[int, int]) -> Iterator[None]:
             libc.malloc_trim(0)
 
 
+def trim() -> bool:
+    """Returns the free memory of every heap arena to the OS now (glibc's `malloc_trim`); False off glibc. For a
+    long phase whose other threads free buffers into arenas that never shrink on their own: the online stage trims
+    before each validation, when its background checkpoint saves of the round before have landed (the main job's
+    phase 3, 18 runs in lockstep, peaked 0.35 GB higher without it)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
 def numpy_phase() -> contextlib.AbstractContextManager[None]:
     """Buffers up to 256 MB come from the heap and a freed top up to 1 GB stays there, for reuse."""
     return _phase(NUMPY_THRESHOLDS)

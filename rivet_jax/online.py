@@ -358,6 +358,7 @@ def adapt_together(runs: Sequence[OnlineRun], states: Sequence[TrainState], fill
         return [make(group, r) for r in rs]
 
     def validate(validating: list[int]) -> None:
+        heap.trim()   # (the round before's checkpoint saves freed their buffers in the save thread's arena)
         point = runs[validating[0]].progress.trajectories
         policies = members(GroupMember, validating)
         val = evaluation.rollout_each(env, policies, config.online.validation_split, config.online.eval_rollouts,

@@ -39,16 +39,21 @@ def cache_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict
     return cached
 
 
+def collect(config: ml_collections.ConfigDict, workdir: str | Path) -> list[Episode]:
+    """The caching corpus in <workdir>/prompt_cache/corpus, collected the first time; returns its episodes."""
+    episodes_path, cards_path = corpus_files(collected_corpus(cache_config(config), Path(workdir) / SUBDIR))
+    return read_episodes(episodes_path, read_model_cards(cards_path)).episodes
+
+
 def train_routers(config: ml_collections.ConfigDict, workdir: str | Path, overrides: dict, seeds: Sequence[int]
-                  ) -> tuple[dict[str, list[Path]], list[Episode]]:
-    """The caching corpus in <workdir>/prompt_cache/corpus and a cache-aware and a cache-blind run per seed (offline
-    stages, `overrides` the main runs' setting) under it; returns their run directories and the corpus' episodes."""
+                  ) -> dict[str, list[Path]]:
+    """A cache-aware and a cache-blind run per seed (offline stages, `overrides` the main runs' setting) on the
+    caching corpus (`collect`), under <workdir>/prompt_cache/; returns their run directories."""
     cached, root = cache_config(config), Path(workdir) / SUBDIR
     episodes_path, cards_path = corpus_files(collected_corpus(cached, root))
-    dirs = train_variants(cached, episodes_path, cards_path, root,
+    return train_variants(cached, episodes_path, cards_path, root,
                           {CACHE_AWARE: ({**overrides, "model.cache_aware": True}, "offline"),
                            CACHE_BLIND: ({**overrides, "model.cache_aware": False}, "offline")}, seeds)
-    return dirs, read_episodes(episodes_path, read_model_cards(cards_path)).episodes
 
 
 def rows(ev: Evaluator, baselines: dict[str, Policy], aware: Sequence[Router], blind: Sequence[Router],

@@ -316,6 +316,12 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     # rollouts leave idle
     ev.solve_ahead(exact_requests(config, sim.pool), ahead)
     baselines_ahead = ev.baselines_ahead(episodes, lam, baseline_requests(config, sim.pool), ahead)
+    # The same for the prompt-cache experiment's corpus (its collection takes a second), in its c_ref: the mean
+    # per-turn cost, cached prices included
+    cached, cache_episodes = prompt_cache.cache_config(config), prompt_cache.collect(config, workdir)
+    cache_ev = Evaluator(make_routesim(cached.sim), cached, reference_cost(cache_episodes))
+    cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
+    cache_baselines_ahead = cache_ev.baselines_ahead(cache_episodes, lam, [(config.evaluate.split, None)], ahead)
 
     settings = selection.grid(config)
     listed = "; ".join(map(selection.label, settings))
@@ -355,13 +361,7 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     by_seed = dict(zip(extra, dirs[members] if extra else []))
     log(f"train on RouteSim with a prompt cache: a cache-aware and a cache-blind run at {selection.label(chosen)} "
         f"x {len(rp.seeds)} seeds (offline), on the same policies' corpus collected there")
-    cache_dirs, cache_episodes = prompt_cache.train_routers(config, workdir, at_chosen, rp.seeds)
-    # the caching corpus' c_ref (its mean per-turn cost, cached prices included): the prompt-cache rows' unit
-    cached, cache_c_ref = prompt_cache.cache_config(config), reference_cost(cache_episodes)
-    cache_sim = make_routesim(cached.sim)
-    cache_ev = Evaluator(cache_sim, cached, cache_c_ref)
-    cache_ev.solve_ahead([(config.evaluate.split, lam, None, False)], ahead)
-    cache_baselines_ahead = cache_ev.baselines_ahead(cache_episodes, lam, [(config.evaluate.split, None)], ahead)
+    cache_dirs = prompt_cache.train_routers(config, workdir, at_chosen, rp.seeds)
     ensembles = [[d] + [by_seed[s] for s in member_seeds(seed, rp.ensemble)[1:]]
                  for seed, d in zip(rp.seeds, main_dirs)]
     offline, onlines = ([Router.ensemble([Router.from_checkpoint(d, stage=stage) for d in runs]) for runs in ensembles]
