@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import resource
 import sys
 import time
@@ -35,6 +36,18 @@ class Progress:
         left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
         self.log("%s: %d/%d done, %.0fs elapsed, about %.0fs left", self.what, self.done, self.total, elapsed,
                  max(left, 0.0))
+
+
+def result_of(future: concurrent.futures.Future, what: str, every_s: float = 15.0,
+              log: Callable[..., None] = logging.info):
+    """`future.result()`, with a line every `every_s` seconds while it is not done: a job waiting for work it
+    started in another process (the main job's baselines and diagnostics) does not go quiet."""
+    started = time.perf_counter()
+    while True:
+        try:
+            return future.result(timeout=every_s)
+        except concurrent.futures.TimeoutError:
+            log("waiting for %s: %.0fs", what, time.perf_counter() - started)
 
 
 def peak_rss_gb() -> float:

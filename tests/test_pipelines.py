@@ -59,6 +59,28 @@ def test_progress_logs_rate_limited_lines_with_an_eta():
     assert lines == ["runs: 3/5 done, 30s elapsed, about 20s left", "runs: 5/5 done, 40s elapsed, about 0s left"]
 
 
+def test_waiting_for_work_in_another_process_logs_a_line_every_interval_until_it_is_done():
+    """`result_of`: the main job waiting for its baselines or diagnostics (worked out in another process) logs a
+    line every `every_s` while the work is not done, then returns its result; done work returns at once, silently."""
+    import concurrent.futures
+    import threading
+    from rivet_jax.progress import result_of
+
+    release, lines = threading.Event(), []
+
+    def log(fmt, *args):
+        lines.append(fmt % args)
+        if len(lines) == 3:
+            release.set()   # the work finishes after the third line
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(lambda: release.wait(10) and "baselines")
+        assert result_of(pending, "the baselines", every_s=0.01, log=log) == "baselines"
+        assert len(lines) == 3 and all(line.startswith("waiting for the baselines: ") for line in lines)
+        lines.clear()
+        assert result_of(pool.submit(lambda: 7), "x", every_s=5.0, log=log) == 7 and lines == []
+
+
 def test_progress_without_a_last_line_stays_quiet_at_the_end_unless_a_line_is_due():
     """`last=False` (a caller that reports the end itself, e.g. an epoch's own line): the last unit logs only when
     `every_s` has passed."""

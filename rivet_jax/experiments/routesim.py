@@ -40,7 +40,7 @@ from rivet_jax.envs.routesim import make_routesim
 from rivet_jax.experiments import diagnostics, frontier, prompt_cache, report, routesim_report, selection, traces
 from rivet_jax.experiments.common import ONE_RUN, pessimistic
 from rivet_jax.online_curve import draw_curves
-from rivet_jax.progress import Phases, Progress
+from rivet_jax.progress import Phases, Progress, result_of
 from rivet_jax.runs import MAIN, collected_corpus, corpus_files, member_seeds, train_variants, training_config
 from rivet_jax.experiments.evaluator import Evaluator, StayPolicy, SwitchAtTwoPolicy, exact_pool, row, seed_row
 from rivet_jax.router import Router
@@ -383,7 +383,8 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
         MAIN: ensembles, **{name: ensembles for name in lower},
         **{name: [[d] for d in dirs] for name, dirs in one_each.items()}}, pessimism=lower)
     log("the baselines, fitted and rolled out beside the training (in the DPs' process)", 4)
-    baselines, cache_baselines = baselines_ahead.result(), cache_baselines_ahead.result()
+    baselines = result_of(baselines_ahead, "the baselines")
+    cache_baselines = result_of(cache_baselines_ahead, "the prompt-cache experiment's baselines")
 
     log("evaluate", 5)
     splits, seeds, fitted = (config.evaluate.split, *rp.ood_splits), len(rp.seeds), len(baselines)
@@ -422,7 +423,7 @@ def _reproduce(config: ml_collections.ConfigDict, workdir: Path, ahead: concurre
     experiments["stage_preferences"] = stage_preferences(ev)
     log("Table 3, the scatter and the trace analyses (Tables 7-8) done")
     experiments["selection"] = selected
-    experiments["diagnostics"] = diagnosed.result()   # (solved in the DPs' process beside the evaluation)
+    experiments["diagnostics"] = result_of(diagnosed, "the Q* diagnostics")   # (solved beside the evaluation)
     log("Q* diagnostics done")
 
     log("write the report", 6)
