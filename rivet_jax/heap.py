@@ -69,8 +69,7 @@ def _phase(thresholds: tuple[int, int]) -> Iterator[None]:
     finally:
         _set(*outer)
         _current = outer
-        if (libc := _libc()) is not None:
-            libc.malloc_trim(0)
+        trim()
 
 
 def trim() -> bool:

@@ -99,7 +99,7 @@ class Evaluator:
         available or None) of `requests`: they read the corpus alone, so the main job fits and rolls them out while
         its routers train. The future's result: {name: `RolledOut`}, what the tables take as the baselines."""
         return pool.submit(rolled_out_baselines, self.sim, self.config, logged, lam, self.c_ref,
-                           [(split, None if available is None else tuple(available)) for split, available in requests])
+                           [(split, _models(available)) for split, available in requests])
 
     def rollouts(self, policy: Policy, split: str, lam: float, available: Sequence[str] | None = None,
                  record: str | None = None, reuse: object | None = None) -> dict:
@@ -119,8 +119,8 @@ class Evaluator:
         with the same `reuse`, split and models available returns them instead of rolling the same policy out again:
         Tables 1, 2 and 3 read the same RIVET Online episodes."""
         if isinstance(policy, RolledOut):
-            return policy.episodes[split, None if available is None else tuple(available)]
-        key = None if reuse is None else (id(reuse), split, None if available is None else tuple(available))
+            return policy.episodes[split, _models(available)]
+        key = None if reuse is None else (id(reuse), split, _models(available))
         if key in self._kept:
             return self._kept[key][1]
         episodes = evaluation.rollout(self.sim, policy, split, self.config.evaluate.rollouts_per_task,
@@ -165,13 +165,15 @@ def rolled_out_baselines(sim: RouteSim, config, logged: Sequence[Episode], lam: 
     `Evaluator.episodes` rolls out. Its store embeds in memory: a worker process writes nothing to the job's
     embedding cache, which the main process writes (the hashing encoder's vectors are the cached ones, bit for bit)."""
     fitted = fit_baselines(config, logged, sim.pool, EmbeddingStore(make_encoder(config.encoder)), lam, c_ref)
-
-    def rollout(policy: Policy, split: str, available: tuple | None) -> list[Episode]:
-        return evaluation.rollout(sim, policy, split, config.evaluate.rollouts_per_task, config.evaluate.seed,
-                                  available=None if available is None else list(available))
-
-    return {name: RolledOut(name, {(split, available): rollout(policy, split, available)
+    e = config.evaluate
+    return {name: RolledOut(name, {(split, available): evaluation.rollout(sim, policy, split, e.rollouts_per_task,
+                                                                          e.seed, available=available)
                                    for split, available in requests}) for name, policy in fitted.items()}
+
+
+def _models(available: Sequence[str] | None) -> tuple | None:
+    """The models available as a key (None: every model of the pool)."""
+    return None if available is None else tuple(available)
 
 
 def exact_pool() -> concurrent.futures.Executor:
