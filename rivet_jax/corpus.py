@@ -179,10 +179,10 @@ def _same_table(sharing: PreparedData | None, replay: Replay, encoder: Encoder, 
 
 
 def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:
-    """The episodes to train on: all of them, or with `config.data.holdout` fractions those of the training tasks
-    of the workdir's task-level split (`data/splits.py`, `<workdir>/splits.json`)."""
+    """The episodes to train on: all of them, or with `config.data.holdout` fractions (or a split to extend) those
+    of the training tasks of the workdir's task-level split (`data/splits.py`, `<workdir>/splits.json`)."""
     holdout = config.data.holdout
-    if not (holdout.validation or holdout.test):
+    if not (holdout.validation or holdout.test or holdout.get("extend", "")):   # extend: that split
         return episodes
     splits = manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed,
                           holdout.get("extend", ""))

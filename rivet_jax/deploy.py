@@ -359,20 +359,25 @@ def write_deployment(workdir: Path, deployed: dict, fields: dict) -> None:
     atomic_write_text(workdir / DEPLOY_FILE, json.dumps(document, indent=1, allow_nan=True) + "\n")
 
 
-def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading: str) -> str:
+def selection_table(rows: list[dict], estimates: Estimates, chosen: str, heading: str,
+                    folds: Sequence[Estimates] | None = None) -> str:
+    """selection.md: every candidate's estimates and gain over the reference; with `folds` (cross-validation, the
+    same candidates in each), its J in every fold too."""
     ref = estimates.names[reference(estimates)]
+    per_fold = " | J per fold" if folds else ""
     lines = [f"# {heading}", "",
              f"Validation estimates ({estimates.estimator}: {estimates.note}). J is Eq. 2's discounted return per "
              f"episode; intervals are 95% over tasks; 'vs reference' is the paired difference in J from {ref} (the "
              f"fixed rule to beat: the best fixed model, or route by family where it validates higher; nan: not "
              f"resampled, its J is not above the best fixed model's); 'bound, all' the lower end of its 95% bound "
              f"that holds for all {len(rows)} candidates at once (config.deploy.simultaneous: the bar to clear).", "",
-             "| candidate | J | 95% | success | cost/episode ($) | vs reference | 95% | bound, all | |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+             f"| candidate | J | 95% | success | cost/episode ($) | vs reference | 95% | bound, all{per_fold} | |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if folds else "")]
+    for p, r in enumerate(rows):
+        fold_j = " | " + " / ".join(f"{part.point[p, J]:.3f}" for part in folds) if folds else ""
         lines.append(f"| {r['policy']} | {r['return']:.4f} | [{r['return_lo']:.4f}, {r['return_hi']:.4f}] | "
                      f"{r['success']:.3f} | {r['cost']:.5f} | {r['gain']:+.4f} | [{r['gain_lo']:+.4f}, "
-                     f"{r['gain_hi']:+.4f}] | {r['gain_bound']:+.4f} | "
+                     f"{r['gain_hi']:+.4f}] | {r['gain_bound']:+.4f}{fold_j} | "
                      f"{'**deployed**' if r['policy'] == chosen else ''} |")
     return "\n".join(lines) + "\n"
 

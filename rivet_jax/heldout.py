@@ -105,12 +105,30 @@ class Estimates:
         low, high = percentiles(self.draws[:, p, channel] - self.draws[:, q, channel], level)
         return float(self.point[p, channel] - self.point[q, channel]), low, high
 
+    def only(self, names: Sequence[str]) -> "Estimates":
+        """These estimates of `names` alone, in that order."""
+        rows = [self.index(name) for name in names]
+        return dataclasses.replace(self, names=list(names), point=self.point[rows], draws=self.draws[:, rows])
+
     def row(self, p: int) -> dict:
         out = {"policy": self.names[p]}
         for c, channel in enumerate(CHANNELS):
             low, high = self.interval(p, c)
             out.update({channel: float(self.point[p, c]), f"{channel}_lo": low, f"{channel}_hi": high})
         return out
+
+
+def pooled(parts: Sequence[Estimates], note: str) -> Estimates:
+    """The estimates of disjoint sets of tasks (cross-validation's folds, the same policies in each) as one
+    estimate over all of them: each part weighted by its tasks, point and bootstrap draws alike (a stratified
+    bootstrap: every part resampled within itself, as it was)."""
+    names = parts[0].names
+    if any(part.names != names for part in parts):
+        raise ValueError("pooled estimates need the same policies, in the same order, in every part")
+    weights = np.array([part.tasks for part in parts], np.float64) / sum(part.tasks for part in parts)
+    return Estimates(list(names), np.einsum("k,kpc->pc", weights, np.stack([part.point for part in parts])),
+                     np.einsum("k,kbpc->bpc", weights, np.stack([part.draws for part in parts])),
+                     parts[0].estimator, sum(part.tasks for part in parts), note)
 
 
 def percentiles(draws: np.ndarray, level: float = 0.95) -> tuple[float, float]:

@@ -299,6 +299,11 @@ SETTINGS: dict[str, Setting] = {
     "deploy.one_se": Setting("deploy the earliest listed (simplest) candidate whose validation J is within one "
                              "standard error of the best's (paired), among those that clear the gain bar",
                              one_of(True, False), "True or False", default=False),
+    # Cross-validation over tasks: a validation split of a tenth of the tasks (20 on RouteSim's logs) leaves every
+    # interval too wide to show a gain; folds estimate every candidate on every training task, each by runs that
+    # never trained on it, at the price of K more trainings of the grid (pipeline.py).
+    "deploy.folds": Setting("cross-validate the choice over this many folds of the tasks (config.data.holdout."
+                            "validation is then not held out; 1: choose on the validation split)", *_INT1, default=1),
     "deploy.resamples": Setting("bootstrap resamples of every interval", *_INT1, default=200),
     "deploy.rollouts": Setting("with an environment: rollouts per validation and test task", *_INT1, default=8),
     "deploy.seed": Setting("the bootstrap's and the rollouts' draws", default=0),

@@ -301,6 +301,57 @@ def test_one_standard_error_rule_deploys_the_simplest_candidate_close_to_the_bes
     assert deploy.choose(gains_of({"simple": 0.5, "complex": 0.55}, same), True, one_se=True) == 2
 
 
+def test_folds_pool_into_one_estimate_weighted_by_their_tasks():
+    """Cross-validation's folds pooled (`heldout.pooled`): J per task of two policies on a fold of 1 task and one
+    of 3 tasks; the pooled point is the mean over the 4 tasks, and each bootstrap draw the fold draws weighted 1:3
+    (each fold resampled within itself: a stratified bootstrap)."""
+    small = estimates_of({"a": [0.8], "b": [0.4]})
+    large = estimates_of({"a": [0.0, 0.2, 0.4], "b": [0.5, 0.5, 0.5]})
+    both = heldout.pooled([small, large], "two folds")
+    assert both.tasks == 4 and both.names == ["a", "b"] and both.note == "two folds"
+    assert both.point[:, 0] == pytest.approx([(0.8 + 0.6) / 4, (0.4 + 1.5) / 4])
+    assert both.draws == pytest.approx(0.25 * small.draws + 0.75 * large.draws)
+    assert both.difference(0, 1)[0] == pytest.approx(0.35 - 0.475)
+    flipped = large.only(["b", "a"])                       # a subset, reordered: the same numbers per policy
+    assert flipped.names == ["b", "a"] and flipped.point[0, 0] == pytest.approx(0.5)
+    assert flipped.draws[:, 1] == pytest.approx(large.draws[:, 0])
+    with pytest.raises(ValueError, match="same policies"):
+        heldout.pooled([small, flipped], "x")
+
+
+@pytest.mark.slow
+def test_a_cross_validated_choice_estimates_every_training_task_by_runs_that_never_saw_it(tmp_path):
+    """deploy.folds = 3 on two families' A/B logs (ace solves the code tasks, bee the math ones): the workdir's runs
+    train on every task but the test tasks, each fold's runs on the others, and each fold's held-out tasks are
+    estimated by its own runs; the pooled choice (route by family, J 0.89 on every fold) is deployed from the
+    workdir, and selection.md shows every candidate's J per fold, whose task-weighted mean is its pooled J."""
+    episodes = [ab_episode(f"{f}{i:02d}", m, int((f, m) in (("c", "ace"), ("m", "bee"))),
+                           family={"c": "code", "m": "math"}[f]) for f in "cm" for i in range(20) for m in NAMES]
+    workdir = tmp_path / "W"
+    result = fit(with_overrides(ab_config(tmp_path, episodes), {"deploy.folds": 3}), workdir)
+    own = json.loads((workdir / "splits.json").read_text())
+    assert not own["validation"] and len(own["test"]) == 10 and len(own["train"]) == 30
+    held = []
+    for j in range(3):
+        fold = json.loads((workdir / "folds" / str(j) / "splits.json").read_text())
+        assert fold["test"] == own["test"] and not set(fold["train"]) & set(fold["validation"])
+        assert set(fold["train"]) | set(fold["validation"]) == set(own["train"])
+        assert (workdir / "folds" / str(j) / "candidates").is_dir()     # the grid trained in every fold
+        held += fold["validation"]
+    assert sorted(held) == sorted(own["train"])                          # every training task estimated once
+    document = json.loads((workdir / "deploy.json").read_text())
+    assert document["deploy"]["name"] == BEST_PER_FAMILY == result["verdict"]["deployed"]
+    assert sum(document["folds"]) == document["tasks"] == 30
+    assert all(run.startswith(("candidates", ".")) for run in document["deploy"]["runs"])   # the workdir's own runs
+    table = (workdir / "selection.md").read_text()
+    assert "J per fold" in table and "cross-validated" in table
+    for row in document["candidates"]:
+        line = next(line for line in table.splitlines() if line.startswith(f"| {row['policy']} |"))
+        per_fold = [float(x) for x in line.split(" | ")[8].split(" / ")]
+        assert len(per_fold) == 3 and np.dot(per_fold, document["folds"]) / 30 == pytest.approx(row["return"],
+                                                                                             abs=2e-3)
+
+
 def test_each_warning_fires_on_its_own_case_and_not_otherwise():
     n = 40
     good = {"router": [0.8] * n, deploy.BEST_FIXED: [0.5] * n, deploy.RANDOM: [0.3] * n}

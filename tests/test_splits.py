@@ -8,7 +8,7 @@ from configs import default
 from rivet_jax.config_checks import ConfigError, config_problems
 from rivet_jax.corpus import prepare_data
 from rivet_jax.data.schema import Episode, Task, Turn
-from rivet_jax.data.splits import MANIFEST, hashed_split, manifest_for, split_tasks
+from rivet_jax.data.splits import MANIFEST, hashed_split, manifest_for, split_tasks, task_folds
 from rivet_jax.settings import with_overrides
 
 
@@ -75,6 +75,41 @@ def test_training_reads_only_the_training_tasks(tmp_path):
     trained_tasks = {episode_id.split("/", 1)[1] for episode_id in prepared.replay.episode_ids}  # policy/task
     assert splits["validation"] and splits["test"]
     assert trained_tasks == set(splits["train"])
+
+
+def test_folds_deal_every_training_task_to_one_fold_family_by_family():
+    """Cross-validation's folds (`task_folds`): each fold holds out its own part of the training tasks (the parts
+    partition them, sizes within one task), trains on the rest, and keeps the test tasks as they were; dealt round
+    robin per family, so family a (10 tasks, 6 of them training) is in every one of 3 folds."""
+    logs = _logs()
+    splits = split_tasks(logs, validation=0.0, test=0.2, seed=0)
+    train = set(splits["train"])   # a: 8, b: 2, x: 1
+    folds = task_folds(splits, logs, 3, seed=0)
+    held = [set(fold["validation"]) for fold in folds]
+    assert sorted(t for part in held for t in part) == sorted(train)     # a partition of the training tasks
+    assert sorted(len(part) for part in held) == [3, 4, 4]
+    for fold, part in zip(folds, held):
+        assert set(fold["train"]) == train - part and fold["test"] == splits["test"]
+        assert any(t.startswith("a") for t in part)
+    assert task_folds(splits, logs, 3, seed=0) == folds and task_folds(splits, logs, 3, seed=1) != folds
+    with pytest.raises(ValueError, match="at least 2 folds"):
+        task_folds(splits, logs, 1, seed=0)
+    with pytest.raises(ValueError, match="cannot fill 12 folds"):
+        task_folds(splits, logs, 12, seed=0)
+
+
+def test_a_split_to_extend_is_read_even_with_nothing_more_held_out(tmp_path):
+    """data.holdout.extend with both fractions 0 (a cross-validation fold's config): training reads that split's
+    training tasks, not every task (extending used to apply only with a fraction above 0)."""
+    config = with_overrides(default.get_config("tiny"), {"data.demo": True, "data.demo_tasks": 30,
+                                                         "data.holdout.validation": 0.0, "data.holdout.test": 0.0})
+    every = prepare_data(config, tmp_path / "all").replay.episode_ids
+    tasks = sorted({episode_id.split("/", 1)[1] for episode_id in every})
+    (tmp_path / "fold.json").write_text(json.dumps({"train": tasks[5:], "validation": tasks[:5], "test": []}))
+    prepared = prepare_data(with_overrides(config, {"data.holdout.extend": str(tmp_path / "fold.json")}),
+                            tmp_path / "fold")
+    assert {episode_id.split("/", 1)[1] for episode_id in prepared.replay.episode_ids} == set(tasks[5:])
+    assert json.loads((tmp_path / "fold" / MANIFEST).read_text())["validation"] == tasks[:5]
 
 
 def test_holdout_fractions_are_checked():

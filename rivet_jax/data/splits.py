@@ -51,6 +51,29 @@ def split_tasks(episodes: Sequence[Episode], validation: float, test: float, see
     return {name: sorted(ids) for name, ids in out.items()}
 
 
+def task_folds(splits: dict[str, list[str]], episodes: Sequence[Episode], folds: int,
+               seed: int) -> list[dict[str, list[str]]]:
+    """Cross-validation over tasks: `folds` manifests of the same tasks, fold j holding out the j-th part of the
+    training tasks as validation (test stays test). Per family, a seeded permutation of its training tasks is dealt
+    round robin, starting where the last family stopped, so every fold gets a share of every family of `folds`
+    tasks or more and the folds differ in size by at most one task."""
+    if folds < 2:
+        raise ValueError(f"cross-validation needs at least 2 folds, got {folds}")
+    train = set(splits["train"])
+    families = {name: ids & train for name, ids in tasks_by_family(episodes).items()}
+    dealt: list[list[str]] = [[] for _ in range(folds)]
+    turn = 0
+    for index, family in enumerate(sorted(families)):
+        ids = sorted(families[family])
+        for i in np.random.default_rng([seed, index, folds]).permutation(len(ids)):
+            dealt[turn % folds].append(ids[i])
+            turn += 1
+    if any(not part for part in dealt):
+        raise ValueError(f"{len(train)} training task(s) cannot fill {folds} folds")
+    return [{"train": sorted(train - set(part)), "validation": sorted(part), "test": sorted(splits["test"])}
+            for part in dealt]
+
+
 def held_counts(n: int, validation: float, test: float) -> tuple[int, int]:
     """(test, validation) task counts of a family of n tasks: round(share x n) each, and at least one for a share
     above 0 while the family keeps a training task (validation first: with 2 tasks, one is held out to choose on).
