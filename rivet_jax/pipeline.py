@@ -17,7 +17,6 @@ config's own run is trained alone, no deploy.json is written, and the log says t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -40,8 +39,8 @@ from rivet_jax.data.replay import Reward
 from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, task_folds
 from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
-from rivet_jax.heldout import Estimates
 from rivet_jax.envs.base import Env, RouterPolicy
+from rivet_jax.heldout import Estimates
 from rivet_jax.progress import Phases
 from rivet_jax.runs import member_seeds
 from rivet_jax.settings import with_overrides
@@ -310,31 +309,30 @@ def _fit_crossvalidated(config, workdir: Path, on_epoch_end: Callable | None, lo
              else {"train": sorted({e.task.id for e in trained.splits["train"]}), "validation": [], "test": []})
     prepared = [trained.prepared] * len(configs)
     fold_configs, fold_plans = [], []
-    with contextlib.ExitStack() as held:
-        for j, (directory, fold) in enumerate(zip(fold_dirs(workdir, folds),
-                                                  task_folds(split, trained.splits["train"], folds, seed))):
-            directory.mkdir(parents=True, exist_ok=True)
-            held.enter_context(hold_workdir(directory))
-            path = directory / FOLD_FILE
-            if not path.exists():
-                atomic_write_text(path, json.dumps(fold, indent=1) + "\n")
-            fold_configs.append(with_overrides(config, {
-                "data.holdout.validation": 0.0, "data.holdout.test": 0.0, "data.holdout.extend": str(path),
-                "deploy.folds": 1, "data.embedding_cache": str(cache_dir(config, workdir))}))
-            log(f"fold {j + 1}/{folds}: {len(fold['validation'])} tasks held out, {len(fold['train'])} trained on")
-            plan, fold_run_configs, fold_run_dirs = planned_runs(fold_configs[-1], directory, None, log)
-            fold_plans.append(plan)
-            configs, dirs = configs + fold_run_configs, dirs + fold_run_dirs
-            prepared += [plan.prepared] * len(fold_run_configs)
-        hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
-        log(f"training the workdir's runs and {folds} folds' as one group of {len(configs)}")
-        train.train_group(configs, dirs, hook, None, prepared, held=True)
+    for j, (directory, fold) in enumerate(zip(fold_dirs(workdir, folds),
+                                              task_folds(split, trained.splits["train"], folds, seed))):
+        directory.mkdir(parents=True, exist_ok=True)   # under the workdir `fit` holds
+        path = directory / FOLD_FILE
+        if not path.exists():
+            atomic_write_text(path, json.dumps(fold, indent=1) + "\n")
+        fold_configs.append(with_overrides(config, {
+            "data.holdout.validation": 0.0, "data.holdout.test": 0.0, "data.holdout.extend": str(path),
+            "deploy.folds": 1, "data.embedding_cache": str(cache_dir(config, workdir))}))
+        log(f"fold {j + 1}/{folds}: {len(fold['validation'])} tasks held out, {len(fold['train'])} trained on")
+        plan, fold_run_configs, fold_run_dirs = planned_runs(fold_configs[-1], directory, None, log)
+        fold_plans.append(plan)
+        configs, dirs = configs + fold_run_configs, dirs + fold_run_dirs
+        prepared += [plan.prepared] * len(fold_run_configs)
+    hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
+    log(f"training the workdir's runs and {folds} folds' as one group of {len(configs)}")
+    train.train_group(configs, dirs, hook, None, prepared, held=True)
     if jax.process_index() != 0:
         return {"profile": trained.profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
     scorer = scorer_of(main, workdir, trained, None)
     candidates = candidates_of(main, workdir, trained.runs, scorer.by_family)
     parts: list[Estimates] = []
     for j, (directory, fold_config, plan) in enumerate(zip(fold_dirs(workdir, folds), fold_configs, fold_plans)):
+        log(f"fold {j + 1}/{folds}: every candidate estimated on its {len(plan.splits['validation'])} held-out tasks")
         fold_scorer = dataclasses.replace(scorer_of(fold_config, directory, plan, None), commit=scorer.commit)
         parts.append(validation_estimates(fold_config, directory, plan, fold_scorer,
                                           candidates_of(fold_config, directory, plan.runs, fold_scorer.by_family),
