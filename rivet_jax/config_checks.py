@@ -61,6 +61,10 @@ def config_problems(config) -> list[str]:
     if config.get("stage") in ONLINE_STAGES and "sim" not in config:
         problems.append(f"stage: {config.stage!r} acts in an environment, and this config has none (`sim`): use "
                         f"configs/routesim.py, or stage 'offline'")
+    deploy = config.get("deploy")
+    if "sim" in config and deploy is not None and is_number(deploy.get("folds")) and deploy.folds > 1:
+        problems.append(f"deploy.folds: {deploy.folds} folds cross-validate a choice made on logs; with a simulator "
+                        f"(`sim`) the validation tasks are rolled out exactly: use deploy.folds=1")
     return problems
 
 

@@ -39,6 +39,10 @@ def test_missing_pieces_are_named():
     assert problems == ["data.cards: required with data.episodes (the pool's model_cards.json)",
                         "stage: 'online' acts in an environment, and this config has none (`sim`): use "
                         "configs/routesim.py, or stage 'offline'"]
+    assert config_problems(with_overrides(routesim.get_config("tiny"), {"deploy.folds": 5})) == [
+        "deploy.folds: 5 folds cross-validate a choice made on logs; with a simulator (`sim`) the validation tasks "
+        "are rolled out exactly: use deploy.folds=1"]
+    assert config_problems(with_overrides(default.get_config("tiny"), {"deploy.folds": 5})) == []
 
 
 def test_training_refuses_before_any_compute(tmp_path):
