@@ -119,9 +119,13 @@ def train_runs(config, workdir: Path, env: Env | None, on_epoch_end: Callable | 
     to validate on (or `grid`: cross-validation validates on folds of its own), one per other conservatism setting
     (module docstring). The caller holds the workdir."""
     trained, configs, dirs = planned_runs(config, workdir, env, log, grid)
-    hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
-    train.train_group(configs, dirs, hook, env, [trained.prepared] * len(configs), held=True)
+    train.train_group(configs, dirs, first_run_hook(on_epoch_end), env, [trained.prepared] * len(configs), held=True)
     return trained
+
+
+def first_run_hook(on_epoch_end: Callable | None) -> Callable | None:
+    """`fit`'s `on_epoch_end(stage, epoch, record)` as a run group's epoch hook: the config's own run's record."""
+    return None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
 
 
 def planned_runs(config, workdir: Path, env: Env | None, log: Callable[[str], None],
@@ -221,12 +225,13 @@ def choose_and_judge(config, workdir: Path, trained: Trained, env: Env | None, l
         logging.warning("only %d validation tasks: a router is deployed only if its gain over the best fixed model "
                         "(or route by family) shows with an interval above 0, which few tasks rarely allow; hold out "
                         "more (config.data.holdout.validation) or cross-validate (config.deploy.folds)", tasks)
-    estimates = validation_estimates(config, workdir, trained, scorer, candidates, env)
-    return deploy_and_judge(config, workdir, trained, env, scorer, candidates, estimates, log)
+    store = embedding_store(config, trained.prepared.encoder, workdir)
+    estimates = validation_estimates(config, trained, scorer, candidates, env, store)
+    return deploy_and_judge(config, workdir, trained, env, scorer, candidates, estimates, store, log)
 
 
-def validation_estimates(config, workdir: Path, trained: Trained, scorer: deploy.Scorer,
-                         candidates: list[deploy.Candidate], env: Env | None, seed: int | None = None,
+def validation_estimates(config, trained: Trained, scorer: deploy.Scorer, candidates: list[deploy.Candidate],
+                         env: Env | None, store: EmbeddingStore, seed: int | None = None,
                          screen: bool = True) -> Estimates:
     """Every candidate's J on the validation tasks: by rollouts with an environment, else from the held-out logs
     (`heldout.log_estimates`; doubly robust, its model cross-fitted on the training logs, where they were explored;
@@ -241,7 +246,6 @@ def validation_estimates(config, workdir: Path, trained: Trained, scorer: deploy
     if env is not None:
         policies = {c.name: RouterPolicy(scorer.deployable(c), name=c.name) for c in candidates}
         return heldout.rollout_estimates(env, policies, "validation", dc.rollouts, seed, reward, dc.resamples)[0]
-    store = embedding_store(config, prepared.encoder, workdir)
     held = heldout.held_out(splits["validation"], pool, store, config.max_state_tokens, reward)
     fit = None
     if heldout.explored_share(held) >= heldout.MIN_EXPLORED:  # DR, its model cross-fitted on the training logs
@@ -253,8 +257,8 @@ def validation_estimates(config, workdir: Path, trained: Trained, scorer: deploy
 
 
 def deploy_and_judge(config, workdir: Path, trained: Trained, env: Env | None, scorer: deploy.Scorer,
-                     candidates: list[deploy.Candidate], estimates: Estimates, log: Callable[[str], None],
-                     folds: list[Estimates] | None = None) -> dict:
+                     candidates: list[deploy.Candidate], estimates: Estimates, store: EmbeddingStore,
+                     log: Callable[[str], None], folds: list[Estimates] | None = None) -> dict:
     """The deployed choice among `candidates` by `estimates` (deploy.json, selection.md, with each candidate's J in
     every fold of a cross-validation), then its verdict on the test tasks."""
     dc, pool = config.deploy, trained.prepared.pool
@@ -273,7 +277,6 @@ def deploy_and_judge(config, workdir: Path, trained: Trained, env: Env | None, s
     log(f"deployed: {chosen.name} (validation J {estimates.point[estimates.index(chosen.name), 0]:.4f}; best fixed "
         f"model {fixed_model}: {estimates.point[estimates.index(deploy.BEST_FIXED), 0]:.4f}); "
         f"{workdir / deploy.SELECTION_FILE}")
-    store = embedding_store(config, trained.prepared.encoder, workdir)
     judged = judge(config, workdir, chosen, scorer, trained.splits, env, store, scorer.floor, log)
     return {"deploy": spec, **judged}
 
@@ -323,29 +326,29 @@ def _fit_crossvalidated(config, workdir: Path, on_epoch_end: Callable | None, lo
         fold_plans.append(plan)
         configs, dirs = configs + fold_run_configs, dirs + fold_run_dirs
         prepared += [plan.prepared] * len(fold_run_configs)
-    hook = None if on_epoch_end is None else lambda stage, epoch, records: on_epoch_end(stage, epoch, records[0])
     log(f"training the workdir's runs and {folds} folds' as one group of {len(configs)}")
-    train.train_group(configs, dirs, hook, None, prepared, held=True)
+    train.train_group(configs, dirs, first_run_hook(on_epoch_end), None, prepared, held=True)
     if jax.process_index() != 0:
         return {"profile": trained.profile.to_json(), "deploy": None, "verdict": None, "verdict_text": ""}
     scorer = scorer_of(main, workdir, trained, None)
     candidates = candidates_of(main, workdir, trained.runs, scorer.by_family)
+    store = embedding_store(main, trained.prepared.encoder, workdir)   # the folds embed into the same cache
     parts: list[Estimates] = []
     for j, (directory, fold_config, plan) in enumerate(zip(fold_dirs(workdir, folds), fold_configs, fold_plans)):
         log(f"fold {j + 1}/{folds}: every candidate estimated on its {len(plan.splits['validation'])} held-out tasks")
         fold_scorer = dataclasses.replace(scorer_of(fold_config, directory, plan, None), commit=scorer.commit)
-        parts.append(validation_estimates(fold_config, directory, plan, fold_scorer,
+        parts.append(validation_estimates(fold_config, plan, fold_scorer,
                                           candidates_of(fold_config, directory, plan.runs, fold_scorer.by_family),
-                                          None, int(config.deploy.seed) + j, screen=False))
+                                          None, store, int(config.deploy.seed) + j, screen=False))
     # a candidate every fold estimated (a family floor that a fold's training tasks lack is not), in this order
     candidates = [c for c in candidates if all(c.name in part.names for part in parts)]
-    names = [c.name for c in candidates]
-    estimates = heldout.pooled([part.only(names) for part in parts],
+    parts = [part.only([c.name for c in candidates]) for part in parts]
+    estimates = heldout.pooled(parts,
                                f"cross-validated: each of {folds} folds of {sum(p.tasks for p in parts)} tasks "
                                f"estimated by the runs that did not train on it, pooled; fold 1: {parts[0].note}")
     log(f"choosing among {len(candidates)} candidates, cross-validated over {estimates.tasks} tasks in {folds} folds")
     return {"profile": trained.profile.to_json(), **deploy_and_judge(
-        main, workdir, trained, None, scorer, candidates, estimates, log, [part.only(names) for part in parts])}
+        main, workdir, trained, None, scorer, candidates, estimates, store, log, parts)}
 
 
 def judge(config, workdir: Path, chosen: deploy.Candidate, scorer: deploy.Scorer, splits: dict, env: Env | None,
