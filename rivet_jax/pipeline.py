@@ -335,7 +335,8 @@ def _fit_crossvalidated(config, workdir: Path, on_epoch_end: Callable | None, lo
     store = embedding_store(main, trained.prepared.encoder, workdir)   # the folds embed into the same cache
     parts: list[Estimates] = []
     for j, (directory, fold_config, plan) in enumerate(zip(fold_dirs(workdir, folds), fold_configs, fold_plans)):
-        log(f"fold {j + 1}/{folds}: every candidate estimated on its {len(plan.splits['validation'])} held-out tasks")
+        log(f"fold {j + 1}/{folds}: every candidate estimated on its "
+            f"{len({e.task.id for e in plan.splits['validation']})} held-out tasks")  # splits hold episodes
         fold_scorer = dataclasses.replace(scorer_of(fold_config, directory, plan, None), commit=scorer.commit)
         parts.append(validation_estimates(fold_config, plan, fold_scorer,
                                           candidates_of(fold_config, directory, plan.runs, fold_scorer.by_family),
