@@ -15,6 +15,8 @@ fitted on the other folds' tasks and scored on its own fold's, so every task is 
 learner far above both shows what a router can find in the logs' tasks; learners at the fixed rules' level say
 that, with these tasks and this encoder, what to call is decided by the family alone and a router trained here
 should not be expected to beat route-by-family. The grid's best row is the best of several, so it is optimistic.
+Every rule here commits to one model per task: what switching mid-episode adds, A/B logs cannot show (RouteSim's
+demo logs, whose loggers switch, give their one-model episodes' committed headroom only).
 """
 
 from __future__ import annotations
