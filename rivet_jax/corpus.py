@@ -26,7 +26,7 @@ from rivet_jax.data.cards import card_features
 from rivet_jax.data.files import episode_paths
 from rivet_jax.data.prompt_cache import cache_aware
 from rivet_jax.data.replay import Batch, Replay, Reward, build_replay, reference_cost
-from rivet_jax.data.schema import Episode, ModelPool, read_episodes, read_model_cards
+from rivet_jax.data.schema import Episode, EpisodeFile, ModelPool, read_episodes, read_model_cards
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, manifest_for
 from rivet_jax.encoders import EmbeddingStore, Encoder, make_encoder
 from rivet_jax.encoders.table import host_table
@@ -139,9 +139,7 @@ def prepare_data(config, workdir: str | Path, c_ref: float | None = None, sharin
     before the texts are embedded (a host-fed corpus: never)."""
     workdir = Path(workdir)
     episode_files, cards_path = corpus_paths(config, workdir)
-    pool = read_model_cards(cards_path)
-    episode_file = read_episodes(episode_files, pool, skip_invalid=config.data.skip_invalid,
-                                 max_skipped_fraction=config.data.max_skipped_fraction)
+    pool, episode_file = read_logs(config, episode_files, cards_path)
     for error in episode_file.skipped:
         logging.warning("skipped: %s", error)
     episodes = training_episodes(config, workdir, episode_file.episodes)
@@ -178,14 +176,28 @@ def _same_table(sharing: PreparedData | None, replay: Replay, encoder: Encoder, 
             and isinstance(sharing.data.embeddings, np.ndarray) == host_fed and sharing.replay.texts == replay.texts)
 
 
-def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:
-    """The episodes to train on: all of them, or with `config.data.holdout` fractions (or a split to extend) those
-    of the training tasks of the workdir's task-level split (`data/splits.py`, `<workdir>/splits.json`)."""
+def read_logs(config, episode_files: list[Path], cards_path: Path) -> tuple[ModelPool, EpisodeFile]:
+    """The pool's cards and the logs read against them, bad records skipped (`EpisodeFile.skipped`) or refused as
+    `config.data.skip_invalid` and `max_skipped_fraction` say."""
+    pool = read_model_cards(cards_path)
+    return pool, read_episodes(episode_files, pool, skip_invalid=config.data.skip_invalid,
+                               max_skipped_fraction=config.data.max_skipped_fraction)
+
+
+def task_split(config, workdir: Path, episodes: list[Episode]) -> dict[str, list[str]] | None:
+    """The workdir's task-level split (`data/splits.py`, `<workdir>/splits.json`, drawn or read) with
+    `config.data.holdout` fractions or a split to extend; None where nothing is held out."""
     holdout = config.data.holdout
     if not (holdout.validation or holdout.test or holdout.get("extend", "")):   # extend: that split
+        return None
+    return manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed, holdout.get("extend", ""))
+
+
+def training_episodes(config, workdir: Path, episodes: list[Episode]) -> list[Episode]:
+    """The episodes to train on: all of them, or those of the training tasks of the workdir's `task_split`."""
+    splits = task_split(config, workdir, episodes)
+    if splits is None:
         return episodes
-    splits = manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed,
-                          holdout.get("extend", ""))
     logging.info("Task-level split (%s): %s tasks; training on the first", workdir / MANIFEST,
                  " / ".join(f"{len(splits[name])} {name}" for name in SPLITS))
     return episodes_of(episodes, splits["train"])

@@ -30,9 +30,9 @@ import numpy as np
 
 from rivet_jax import corpus, encoders, evaluation, heldout
 from rivet_jax.data.replay import Reward, reference_cost
-from rivet_jax.data.schema import DataError, Episode, read_episodes, read_model_cards
+from rivet_jax.data.schema import DataError, Episode
 from rivet_jax.data.serialize import serialize_state
-from rivet_jax.data.splits import manifest_for, task_folds
+from rivet_jax.data.splits import episodes_of, task_folds
 from rivet_jax.encoders import make_encoder
 
 BEST_FIXED, BEST_PER_FAMILY = "best fixed", "best fixed per family"
@@ -76,19 +76,18 @@ def _means(values: np.ndarray) -> np.ndarray:
     return np.where(counts > 0, total / np.maximum(counts, 1), -np.inf)
 
 
-def _family_means(values: np.ndarray, families: np.ndarray, fit: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """(len(rows), M) the mean of each model on the fitted tasks of each row's family; where a family's tasks never
-    logged a model, its overall mean ranks it after those they did (it is below the family's logged models)."""
+def _family_floors(values: np.ndarray, families: np.ndarray, fit: np.ndarray) -> dict[str, np.ndarray]:
+    """{family: (M,) each model's mean on the fitted tasks of the family}; a model those tasks never logged ranks,
+    in its overall order, below those they did; a family with no fitted task takes the overall means."""
     overall = _means(values[fit])
     top = overall[np.isfinite(overall)].max()
-    out = np.empty((len(rows), values.shape[1]))
-    for family in np.unique(families[rows]):
+    floors = {}
+    for family in np.unique(families):
         own = _means(values[fit[families[fit] == family]])
         known = np.isfinite(own)
-        if known.any():  # the others below the lowest known, in their overall order (-inf stays -inf)
-            own = np.where(known, own, own[known].min() - 1.0 + (overall - top))
-        out[families[rows] == family] = own if known.any() else overall
-    return out
+        # the others below the lowest known, in their overall order (-inf stays -inf)
+        floors[family] = np.where(known, own, own[known].min() - 1.0 + (overall - top)) if known.any() else overall
+    return floors
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
@@ -110,29 +109,32 @@ def crossvalidated_values(values: np.ndarray, families: np.ndarray, states: np.n
     where unlogged; families (T,); states (T, D) the first states' embeddings; fold (T,)."""
     out: dict[str, np.ndarray] = defaultdict(lambda: np.full(len(values), np.nan))
     states = np.asarray(states, np.float64)
+    unit = states / np.maximum(np.linalg.norm(states, axis=1, keepdims=True), 1e-12)   # cosine for the neighbours
     for j in np.unique(fold):
         fit, held = np.flatnonzero(fold != j), np.flatnonzero(fold == j)
         out[BEST_FIXED][held] = _pick(np.broadcast_to(_means(values[fit]), (len(held), values.shape[1])),
                                       values[held])
-        floor_held = _family_means(values, families, fit, held)
+        floors = _family_floors(values, families, fit)
+        floor_held = np.stack([floors[f] for f in families[held]])                                  # (H, M)
         out[BEST_PER_FAMILY][held] = _pick(floor_held, values[held])
         # what the family mean misses on each fitted task (0 where unlogged: no evidence either way)
-        residual = np.nan_to_num(values[fit] - _family_means(values, families, fit, fit))            # (F, M)
+        residual = np.nan_to_num(values[fit] - np.stack([floors[f] for f in families[fit]]))      # (F, M)
         for penalty, shrink in RIDGE:
             weights = _ridge(states[fit], residual, penalty)                                        # (D, M)
             out[f"ridge penalty={penalty:g} k={shrink:g}"][held] = _pick(
                 floor_held + shrink * states[held] @ weights, values[held])
+        logged = ~np.isnan(values[fit])
         for k in NEIGHBOURS:
-            out[f"{k} nearest tasks of the family"][held] = _pick(
-                floor_held + _neighbour_deviation(states, families, values, fit, held, residual, k), values[held])
+            deviation = _neighbour_deviation(unit, families, fit, held, residual, logged, k)
+            out[f"{k} nearest tasks of the family"][held] = _pick(floor_held + deviation, values[held])
     return dict(out)
 
 
-def _neighbour_deviation(states, families, values, fit, held, residual, k) -> np.ndarray:
-    """(H, M) each model's mean residual over the k fitted tasks of the held task's family nearest by cosine."""
-    unit = states / np.maximum(np.linalg.norm(states, axis=1, keepdims=True), 1e-12)
-    logged = ~np.isnan(values[fit])
-    out = np.zeros((len(held), values.shape[1]))
+def _neighbour_deviation(unit: np.ndarray, families: np.ndarray, fit: np.ndarray, held: np.ndarray,
+                         residual: np.ndarray, logged: np.ndarray, k: int) -> np.ndarray:
+    """(H, M) each model's mean residual over the k fitted tasks of the held task's family nearest by cosine
+    (`unit`: the states scaled to length 1; `logged` (F, M): where a fitted task logged the model)."""
+    out = np.zeros((len(held), residual.shape[1]))
     for row, task in enumerate(held):
         same = np.flatnonzero(families[fit] == families[task])
         near = same[np.argsort(-(unit[fit[same]] @ unit[task]), kind="stable")[:k]]
@@ -174,14 +176,12 @@ def run_headroom(config, workdir: str | Path, folds: int, resamples: int = 2000)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     episode_files, cards_path = corpus.corpus_paths(config, workdir)
-    pool = read_model_cards(cards_path)
-    episodes = read_episodes(episode_files, pool, skip_invalid=config.data.skip_invalid,
-                             max_skipped_fraction=config.data.max_skipped_fraction).episodes
-    holdout = config.data.holdout
-    split = holdout.validation or holdout.test or holdout.get("extend", "")  # as `corpus.training_episodes` reads
-    test = set(manifest_for(workdir, episodes, holdout.validation, holdout.test, holdout.seed,
-                            holdout.get("extend", ""))["test"]) if split else set()
-    c_ref = config.reward.c_ref or reference_cost(corpus.training_episodes(config, workdir, episodes))
+    pool, episode_file = corpus.read_logs(config, episode_files, cards_path)
+    episodes = episode_file.episodes
+    splits = corpus.task_split(config, workdir, episodes)      # launch.train's, drawn or read
+    training = episodes if splits is None else episodes_of(episodes, splits["train"])
+    c_ref = config.reward.c_ref if config.reward.c_ref is not None else reference_cost(training)
+    test = set() if splits is None else set(splits["test"])
     tasks, values = value_matrix([e for e in episodes if e.task.id not in test], pool.names,
                                  Reward.of(config, c_ref))
     if len(tasks) < 2 * folds:
@@ -192,8 +192,8 @@ def run_headroom(config, workdir: str | Path, folds: int, resamples: int = 2000)
     states = store.embed([serialize_state(e.task.prompt, (), store.encoder.count_tokens, config.max_state_tokens)
                           for e in tasks])
     families = np.array([e.task.family or "" for e in tasks])
-    per_task = crossvalidated_values(values, families, states, folds_of(tasks, folds, holdout.seed))
-    rows = headroom(per_task, resamples, holdout.seed)
+    per_task = crossvalidated_values(values, families, states, folds_of(tasks, folds, config.data.holdout.seed))
+    rows = headroom(per_task, resamples, config.data.holdout.seed)
     table = format_headroom(rows, len(tasks), folds, float(config.reward.lam))
     (workdir / "headroom.md").write_text(table, encoding="utf-8")
     (workdir / "headroom.json").write_text(json.dumps({"tasks": len(tasks), "folds": folds, "lam": config.reward.lam,

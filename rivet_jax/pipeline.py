@@ -31,12 +31,12 @@ from rivet_jax import checkpointing, deploy, heldout, train
 from rivet_jax.baselines.best_fixed import family_of
 from rivet_jax.baselines.single_turn_base import is_single_model
 from rivet_jax.config_checks import check_config
-from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data
+from rivet_jax.corpus import PreparedData, corpus_paths, prepare_data, read_logs
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile, profile_logs
 from rivet_jax.data.prompt_cache import cache_aware
 from rivet_jax.data.replay import Reward
-from rivet_jax.data.schema import Episode, read_episodes, read_model_cards
+from rivet_jax.data.schema import Episode
 from rivet_jax.data.splits import MANIFEST, SPLITS, episodes_of, task_folds
 from rivet_jax.encoders import EmbeddingStore, cache_dir, embedding_store
 from rivet_jax.envs.base import Env, RouterPolicy
@@ -54,10 +54,7 @@ FOLDS_DIR, FOLD_FILE = "folds", "fold.json"   # cross-validation: <workdir>/fold
 
 def logged_splits(config, workdir: Path) -> dict[str, list[Episode]]:
     """The logs by the workdir's task split (all training when nothing is held out)."""
-    episodes_path, cards_path = corpus_paths(config, workdir)
-    pool = read_model_cards(cards_path)
-    episodes = read_episodes(episodes_path, pool, skip_invalid=config.data.skip_invalid,
-                             max_skipped_fraction=config.data.max_skipped_fraction).episodes
+    episodes = read_logs(config, *corpus_paths(config, workdir))[1].episodes
     manifest = workdir / MANIFEST
     if not manifest.exists():
         return {"train": episodes, "validation": [], "test": []}
