@@ -372,6 +372,20 @@ def test_principal_features_of_states_on_few_directions_give_the_fit_of_the_whol
     assert np.abs(one - whole.value).max() > 1e-3                      # a direction the states vary along: it counts
 
 
+def test_a_fit_that_keeps_no_transition_of_a_model_values_it_at_zero():
+    """A fold or resample can keep no episode that called some model (the 400 episodes of one live round, five
+    folds): its Q is the ridge fit on nothing, 0, and the other models' Q are fitted as usual. Kept: e1 and e4, which
+    call a only; by hand (as above) Q(s1, a) = 0.8 (e1's last turn), Q(s0, a) = (0.3 - 0.3) / 2."""
+    logs = ope.read_logs(hand_episodes(), POOL, reward=Reward(1.0, 0.5, 1.0))
+    turn = np.concatenate([np.arange(len(e.turns)) for e in logs.episodes])
+    requests = ope.state_requests(logs, POOL)
+    targets = np.stack([ope.target_distribution(FixedModelPolicy(m), requests, POOL) for m in ("a", "b")])
+    kept = np.isin(logs.episode, [0, 3]).astype(float)                               # e1, e4
+    fitted = fqe.fit_fqe(logs, np.eye(2)[turn], targets, kept, ridge=1e-9, iterations=2)
+    assert fitted.value[[0, 1], 0, 0] == pytest.approx([0.0, 0.8], abs=1e-6)          # always a at e1's two states
+    assert np.all(fitted.value[:, 1] == 0.0) and np.all(fitted.coef[:, 1] == 0.0)     # always b: nothing to fit
+
+
 def test_a_fit_that_leaves_episodes_out_reads_at_the_others_what_a_fit_on_the_others_alone_does():
     """A bootstrap resample's or a fold's fit (weight 0 on some episodes) reads V only at the states of the episodes
     it keeps: there it equals the fit on the logs of those episodes alone, every state's value included."""
