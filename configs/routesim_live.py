@@ -5,10 +5,10 @@ r"""Learning from live traffic on RouteSim: serve -> record -> learn -> promote,
 Trains a cold start on RouteSim's logged corpus as one's own logs (configs/default.py's settings with RIVE's weight
 10, no simulator), then runs `live.rounds` rounds: the proxy serves the deployed router to `live.episodes` RouteSim
 episodes played through it with the openai client (tasks from the train and validation splits), exploring as
-`live.exploration`
-says; `rivet_jax.loop` retrains on the logs and the recorded traffic and promotes a candidate only when its
-doubly robust gain over the served router has a 95% interval above 0; the proxy swaps it in. RouteSim's exact
-values are reported beside every decision (W/rounds.jsonl, W/live_report.md), never used to make one.
+`live.exploration` says; `rivet_jax.loop` retrains on the logs and the recorded traffic and promotes a candidate
+only when its doubly robust gain over the served router has a 95% interval above 0; the proxy swaps it in.
+RouteSim's exact values are reported beside every decision (W/rounds.jsonl, W/live_report.md), never used to make
+one.
 """
 
 import ml_collections
