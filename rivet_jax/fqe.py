@@ -82,7 +82,7 @@ def fit_fqe(logs: Logs, features: np.ndarray, targets: np.ndarray, weights: np.n
             # Q(., m) of the policies that choose m (all the values read), then every policy's (the logged Q's)
             policies = np.arange(num_policies) if i == iterations - 1 else at_kept.policies[m]
             if policies.size:   # (a fold or resample may keep no transition that called m: R_m = 0)
-                target = y[rows][:, policies].reshape(len(rows), policies.size * y.shape[2])       # (R_m, P_m C)
+                target = y[rows][:, policies].reshape(len(rows), len(policies) * y.shape[2])      # (R_m, P_m C)
                 coef[:, m, policies] = (solution @ target).reshape(dim, len(policies), -1)
     return FittedQ(policy_values(narrow, coef, columns), logged_q(narrow, coef, logs.action), coef)
 
