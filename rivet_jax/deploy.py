@@ -42,7 +42,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from rivet_jax import fqe
+from rivet_jax import fqe, ope
 from rivet_jax.baselines.best_fixed import BEST_FIXED, BEST_PER_FAMILY, BestFixedRouter, BestPerFamilyRouter
 from rivet_jax.data.files import atomic_write_text
 from rivet_jax.data.profile import LogsProfile
@@ -330,13 +330,40 @@ def modelled_floor(fit: HeldOut, seed: int = 0) -> np.ndarray:
     """(M,) each model's value as a fixed model by FQE on `fit` (the training episodes): the mean over their first
     states of V(s) under "always m". For logs in which no episode stayed with one model by design (an exploring
     proxy's draws at every turn), where a mean of logged returns has nothing to average: the few episodes whose
-    draws happened to stay with one model are mostly short, easy ones, and ranked a weak model first."""
+    draws happened to stay with one model are mostly short, easy ones, and ranked a weak model first.
+
+    FQE's value counts only for a model the logs followed throughout on `MIN_FOLLOWED_TASKS` training tasks or more
+    (the most any model was followed on, if fewer); the others sit below every such model, in FQE's order (as
+    `family_floors` places a family's unlogged models). Such logs show a model mostly where the router chose it, and
+    "always m" is then FQE's extrapolation to the states m was rarely served in: on live8's 1,600 recorded episodes
+    (docs/live.md) it put quill-9b first at 0.748 (exactly 0.293; followed on 6 of 187 training tasks) over
+    apex-flash's 0.484 (0.419; followed on 115), and no router could clear that reference. SPIBB's rule (Laroche et
+    al. 2019): where the logs hold too few samples, do not trust the model's estimate over the baseline's."""
     num_states, num_models = len(fit.h), fit.logs.available.shape[1]
     targets = np.broadcast_to(np.eye(num_models)[:, None, :], (num_models, num_states, num_models))  # (M, N, M)
     iterations = fit.logs.live.shape[1]
     ridge, _ = fqe.choose_ridge(fit.logs, fit.features, targets, iterations, seed=seed)
     fitted = fqe.fit_fqe(fit.logs, fit.features, targets, np.ones(num_states), ridge, iterations)
-    return fitted.value[fit.logs.first][:, :, J].mean(axis=0)
+    value = fitted.value[fit.logs.first][:, :, J].mean(axis=0)                                     # (M,)
+    tasks = followed_tasks(fit.logs)
+    trusted = tasks >= min(MIN_FOLLOWED_TASKS, tasks.max())
+    if trusted.all():
+        return value
+    shift = value[~trusted].max() - value[trusted].min() + FAMILY_GAP
+    return np.where(trusted, value, value - shift)
+
+
+MIN_FOLLOWED_TASKS = 10   # tasks with an episode that stayed with a model, for FQE's "always m" to count
+
+
+def followed_tasks(logs: ope.Logs) -> np.ndarray:
+    """(M,) on how many of the logs' tasks some episode called model m at every turn."""
+    num_models = logs.available.shape[1]
+    calls = np.zeros((len(logs.episodes), num_models))
+    np.add.at(calls, logs.episode, np.eye(num_models)[logs.action])                             # (n, M)
+    followed = calls == logs.live.sum(axis=1, keepdims=True)                                    # (n, M)
+    tasks = ope.task_clusters(logs)                                                              # (n,)
+    return np.array([len(np.unique(tasks[followed[:, m]])) for m in range(num_models)])
 
 
 def floor_of(best_fixed: BestFixedRouter, pool: ModelPool) -> np.ndarray:

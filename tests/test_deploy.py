@@ -509,6 +509,35 @@ def test_on_an_exploring_proxys_logs_alone_the_best_fixed_model_is_valued_by_fqe
     np.testing.assert_allclose(floor, by_hand, atol=1e-3)
 
 
+def test_a_model_the_logs_rarely_followed_sits_below_the_modelled_floors_the_logs_vouch_for(tmp_path):
+    """One-turn episodes: ace (solves, $0.02) and cat (fails, $0.02) drawn on 20 tasks each, bee (solves, $0.01) on
+    3. FQE values each at its one-turn return: ace 1 - 0.5 x 2 = 0, bee 1 - 0.5 = 0.5, cat -1; bee, followed on 3
+    tasks (< MIN_FOLLOWED_TASKS), moves to just below cat, the lowest of the models followed on 10 or more."""
+    from rivet_jax.encoders import embedding_store, make_encoder
+    plan = [("ace", 1, 0.02)] * 20 + [("bee", 1, 0.01)] * 3 + [("cat", 0, 0.02)] * 20
+    episodes = [Episode(f"t{i:02d}/{i}", Task(f"t{i:02d}", f"Task t{i:02d}: add the numbers of line {i}."),
+                        (turn(model, cost=cost, propensity=1 / 3),), outcome)
+                for i, (model, outcome, cost) in enumerate(plan)]
+    config = default.get_config("tiny")
+    store = embedding_store(config, make_encoder(config.encoder), tmp_path)
+    held = heldout.held_out(episodes, POOL, store, config.max_state_tokens, Reward(0.5, 0.9, 0.01))
+    np.testing.assert_array_equal(deploy.followed_tasks(held.logs), [20, 3, 20])
+    floor = deploy.modelled_floor(held)
+    np.testing.assert_allclose(floor, [0.0, -1.0 - deploy.FAMILY_GAP, -1.0], atol=1e-3)
+    assert floor[1] < floor[2] < floor[0]
+
+
+def test_followed_tasks_counts_the_tasks_with_an_episode_that_called_one_model_at_every_turn():
+    """t0: (ace, ace) follows ace; t1: (ace, bee) follows none; t2: (bee) and (bee, bee) follow bee, one task."""
+    def episode(task, *models):
+        turns = tuple(dataclasses.replace(turn(m, propensity=0.5), done=k == len(models) - 1)
+                      for k, m in enumerate(models))
+        return Episode(f"{task}/{len(models)}{models[0]}", Task(task, f"Task {task}."), turns, 1)
+    logs = ope.read_logs([episode("t0", "ace", "ace"), episode("t1", "ace", "bee"), episode("t2", "bee"),
+                          episode("t2", "bee", "bee")], POOL, Reward(0.5, 0.9, 0.01))
+    np.testing.assert_array_equal(deploy.followed_tasks(logs), [1, 1, 0])
+
+
 @pytest.mark.slow
 def test_routesim_logs_through_the_own_logs_path_deploy_a_router_that_beats_the_best_fixed_model(tmp_path):
     """RouteSim's logged corpus trained as one's own logs (no simulator at train time: the default config, tiny
