@@ -44,13 +44,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     live.temperature = 0.05
     live.epsilon = 0.1            # for exploration = epsilon or margin
     live.margin = 0.05            # for exploration = margin
-    # Expected J given up per episode by Q_route before the proxy serves greedily (0: no cap). Its exact cost depends
-    # on how close the served router's values are: under live8's promoted router (RIVE weight 10, on the traffic's
-    # tasks) 0.03 gives up 0.018 J per episode exactly, 0.05 0.030, 0.08 0.055, none 0.114. But round 1, from the best
-    # fixed model, learns from what it explores, and there exploring gains (-0.014 J per episode at 0.08): at 0.05
-    # (live9) round 1 explored 148 of 2,698 decisions against 231 of 2,723, promoted a router at test regret 0.112
-    # against live8's 0.084 at 0.08, and the four rounds' mean cost was 0.012 against 0.038 (docs/live.md).
-    live.budget = 0.08
+    # Expected J given up per episode by Q_route before the proxy serves greedily (0: no cap), while a learned router
+    # is served. Its exact cost depends on how close the router's values are: under live8's promoted router (on the
+    # traffic's tasks) 0.03 gives up 0.018 J per episode exactly, 0.05 0.030, 0.08 0.055, none 0.114.
+    live.budget = 0.05
+    # ... and while a fixed model is served (round 1, the cold start): its scores are its floors, each the value of a
+    # whole episode on one model, which charge an explored turn the whole gap between two fixed models. From the
+    # cold start's best fixed model exploring gains exactly (-0.011 J per episode at 0.05, -0.014 at 0.08, -0.018
+    # with no cap), and round 1 learns from it: at 0.05 (live9) it explored 148 of 2,698 decisions and promoted a
+    # router at test regret 0.112, at 0.08 (live8) 231 of 2,723 and 0.084 (docs/live.md).
+    live.fixed_budget = 0.08
     live.exact_rollouts = 4       # RouteSim rollouts per task of every exact value in the report
     live.exact_every_candidate = True   # every candidate's exact J on the held-out tasks (the best one, reported)
     live.candidate_rollouts = 2         # ... with this many rollouts per task

@@ -101,6 +101,11 @@ class Choice:
         if not (np.isfinite(self.pessimism) and self.pessimism >= 0):
             raise ValueError(f"pessimism must be a finite number >= 0, got {self.pessimism!r}")
 
+    @property
+    def reads_q_route(self) -> bool:
+        """False where the floors alone decide (recentred with k = 0: a fixed model, or route by group)."""
+        return self.recentring is None or self.recentring.k != 0
+
     def spec(self, names: Sequence[str]) -> dict:
         """Its deploy.json fields, per-model values keyed by model name (`groups` only where there are groups)."""
         r = self.recentring

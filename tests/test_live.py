@@ -222,6 +222,8 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
         assert exact[best["name"]] == best["exact"] == max(exact.values())
         assert exact[best["name"]] - exact[r["candidate"]] == best["shortfall_of_candidate"]
     assert rounds[1]["served_before"] == hand_deployed
+    # round 1 served the cold start's fixed model (its floors decide), round 2 a router that reads Q_route
+    assert [r["exploration_budget"] for r in rounds] == [live.fixed_budget, live.budget]
     if rounds[1]["promoted"]:
         assert read_deployment_spec(workdir)["runs"][0].startswith("rounds/2/")
     else:                                                           # nothing shown: the same deployment served

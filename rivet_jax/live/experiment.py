@@ -13,8 +13,10 @@ Exact values (RouteSim rollouts of the router as the proxy serves it, `live.rout
 router's reward; `live.exact_rollouts` per task, the same draws for every policy):
 
   exact_test_regret   the oracle's J on the test split minus the served router's, after the round
-  exploration_cost    the served router's J greedy minus exploring (under `live.budget`, the episodes one after
-                      another as the proxy serves them), on the traffic's tasks (train + validation)
+  exploration_cost    the served router's J greedy minus exploring (under the round's `exploration_budget`, the
+                      episodes one after another as the proxy serves them), on the traffic's tasks (train +
+                      validation); the budget is `live.fixed_budget` while a fixed model is served, else
+                      `live.budget` (`round_budget`)
   ope.exact           the candidate's J on the tasks its gain was proved on (what its estimate estimates)
   promoted_change     the new router's exact test J minus the one it replaced (promoted rounds)
   best_candidate      (`live.exact_every_candidate`) the round's candidate with the best exact J on those tasks,
@@ -57,7 +59,7 @@ from rivet_jax.live.routesim import LiveEpisodes, ServedPolicy, play, upstream_a
 from rivet_jax.router import Router
 from rivet_jax.serve.app import make_app
 from rivet_jax.serve.fake import ServerThread
-from rivet_jax.serve.policy import Exploration
+from rivet_jax.serve.policy import Budget, Exploration
 from rivet_jax.serve.proxy import Proxy
 from rivet_jax.serve.recorder import Recorder
 from rivet_jax.serve.upstream import Backend
@@ -93,12 +95,15 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
             httpx.post(server.url + "/v1/admin/reload", timeout=None)   # a reload loads and compiles: as long as it takes
             for number in range(len(loop.rounds_of(workdir)) + 1, int(live.rounds) + 1):
                 served = proxy.served.current[0]
+                budget = round_budget(live, served)
+                proxy.budget = Budget(exploration, budget)   # the round's own (a resumed round: spent anew)
                 started = time.perf_counter()
                 played = play_round(server.url, episodes, workdir, number, live)
-                logging.info("round %d: %d episodes played through the proxy (%.0fs)", number, played,
-                             time.perf_counter() - started)
+                logging.info("round %d: %d episodes played through the proxy (%.0fs), exploring under a budget of "
+                             "%s per episode", number, played, time.perf_counter() - started, budget)
                 result = loop.learn(without_live(training), workdir)
-                result.record.update(exact_fields(sim, result, served, exploration, reward, oracle_test, live))
+                result.record.update(exact_fields(sim, result, served, exploration, budget, reward, oracle_test,
+                                                  live))
                 loop.finish(workdir, result)
                 publish_recorded(workdir, pool)
                 swapped = httpx.post(server.url + "/v1/admin/reload", timeout=None).json()
@@ -145,6 +150,15 @@ def serve_settings(live: ml_collections.ConfigDict) -> ml_collections.ConfigDict
                   margin=float(live.margin), exploration_budget=float(live.budget), seed=int(live.seed),
                   reload_every_s=0.0, timeout_s=60.0)
     return config
+
+
+def round_budget(live: ml_collections.ConfigDict, served: Router) -> float | None:
+    """The exploration budget of a round serving `served` (None: none): `live.fixed_budget` while the floors alone
+    decide (the cold start's best fixed model), else `live.budget`. A fixed model's scores are its floors, each a
+    whole episode's value, so they charge an explored turn the whole gap between two fixed models: far more than a
+    turn costs it (docs/live.md)."""
+    budget = float(live.budget if served.choice.reads_q_route else live.fixed_budget)
+    return budget if budget > 0 else None
 
 
 def cold_start(config: ml_collections.ConfigDict, workdir: Path) -> ml_collections.ConfigDict:
@@ -211,9 +225,9 @@ def exact_value(sim: RouteSim, policy: Policy, task_ids: Sequence[str], rollouts
     return float(np.mean([discounted_return(e, reward) for e in episodes]))
 
 
-def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration: Exploration, reward: Reward,
-                 oracle_test: float, live) -> dict:
-    """The round's exact values (module docstring)."""
+def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration: Exploration, budget: float | None,
+                 reward: Reward, oracle_test: float, live) -> dict:
+    """The round's exact values (module docstring); `budget` the round's (`round_budget`)."""
     rollouts, seed = int(live.exact_rollouts), int(live.seed) + 1000
     test = [t.id for t in sim.tasks("test")]
     traffic = [t.id for t in traffic_tasks(sim)]
@@ -221,7 +235,6 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
     held = [by_prompt[e.task.prompt] for e in result.held]
     before = exact_value(sim, ServedPolicy(served), test, rollouts, seed, reward)
     greedy = exact_value(sim, ServedPolicy(served), traffic, rollouts, seed, reward)
-    budget = float(live.budget) or None   # the proxy's: 0 is none
     exploring = exact_value(sim, ServedPolicy(served, exploration, seed=seed, budget=budget), traffic, rollouts, seed,
                             reward)
     candidate = exact_value(sim, ServedPolicy(result.router), held, rollouts, seed, reward)
@@ -239,6 +252,7 @@ def exact_fields(sim: RouteSim, result: loop.Round, served: Router, exploration:
                                                            "shortfall_of_candidate": every[best] - every[name]},
             "exact_test_regret": oracle_test - after, "exact_test_regret_before": oracle_test - before,
             "promoted_change": after - before if promoted else 0.0, "exploration_cost": greedy - exploring,
+            "exploration_budget": budget,
             "ope": ope}
 
 
