@@ -158,7 +158,7 @@ def round_budget(live: ml_collections.ConfigDict, served: Router) -> float | Non
     whole episode's value, so they charge an explored turn the whole gap between two fixed models: far more than a
     turn costs it (docs/live.md)."""
     budget = float(live.budget if served.choice.reads_q_route else live.fixed_budget)
-    return budget if budget > 0 else None
+    return None if budget == 0 else budget   # a negative one goes on to Budget, which says what it needs
 
 
 def cold_start(config: ml_collections.ConfigDict, workdir: Path) -> ml_collections.ConfigDict:
