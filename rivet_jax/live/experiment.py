@@ -144,11 +144,11 @@ def own_logs_check(config: ml_collections.ConfigDict, workdir: Path, sim: RouteS
 
 
 def serve_settings(live: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The proxy's config for the experiment: the serve defaults with the live section's exploration."""
+    """The proxy's config for the experiment: the serve defaults with the live section's exploration (its budget is
+    each round's own, set by `run`: `round_budget`)."""
     config = settings.config_of(settings.SERVE_SETTINGS)
     config.update(exploration=live.exploration, epsilon=float(live.epsilon), temperature=float(live.temperature),
-                  margin=float(live.margin), exploration_budget=float(live.budget), seed=int(live.seed),
-                  reload_every_s=0.0, timeout_s=60.0)
+                  margin=float(live.margin), seed=int(live.seed), reload_every_s=0.0, timeout_s=60.0)
     return config
 
 
