@@ -4,9 +4,11 @@ loop promotes only on a gain shown above 0, keeps the served router otherwise, a
 
 import dataclasses
 import json
+import platform
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -238,7 +240,12 @@ def test_the_live_loop_runs_resumes_and_promotes_only_on_a_shown_gain(tmp_path, 
     assert len(recorded) == 2 * live.episodes
     assert all(t.router is not None and t.propensity is not None for e in recorded for t in e.turns)
     Router.from_checkpoint(workdir)                                 # the router served after the last round
-    assert "| 2 |" in (workdir / experiment.REPORT).read_text()
+    report = (workdir / experiment.REPORT).read_text()
+    assert "| 2 |" in report
+    # each round names the versions it ran under (a rerun under others gives other numbers: docs/live.md, live12)
+    assert all(r["environment"]["jax"] == jax.__version__ and r["environment"]["numpy"] == np.__version__
+               for r in rounds)
+    assert f"Rounds 1, 2 ran under python {platform.python_version()}, jax {jax.__version__}," in report
     assert json.loads((workdir / "deploy.json").read_text())["deploy"]
 
 

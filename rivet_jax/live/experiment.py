@@ -35,7 +35,9 @@ round on record is not run again. W/live_report.md is the report.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import platform
 import time
 from pathlib import Path
 from typing import Sequence
@@ -69,8 +71,11 @@ REPORT = "live_report.md"
 RECORDED, CARDS = "recorded.jsonl", "model_cards.json"
 OWN_LOGS_CHECK = "own_logs.json"
 TRAFFIC_SPLITS = ("train", "validation")
+# The packages whose versions move the experiment's numbers: one commit gave test regret 0.084 under one set and
+# 0.091 under another (docs/live.md, live11 and live12); within one environment a rerun is the same to the digit.
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 
-__all__ = ["run", "cold_start", "exact_value", "REPORT"]
+__all__ = ["run", "cold_start", "exact_value", "environment", "REPORT"]
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
@@ -103,7 +108,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
                              "%s per episode", number, played, time.perf_counter() - started, budget)
                 result = loop.learn(without_live(training), workdir)
                 result.record.update(exact_fields(sim, result, served, exploration, budget, reward, oracle_test,
-                                                  live))
+                                                  live), environment=environment())
                 loop.finish(workdir, result)
                 publish_recorded(workdir, pool)
                 swapped = httpx.post(server.url + "/v1/admin/reload", timeout=None).json()
@@ -113,6 +118,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> list[dict]:
         own_logs_check(config, workdir, sim, reward, oracle_test)
     write_report(workdir, oracle_test)
     return loop.rounds_of(workdir)
+
+
+def environment() -> dict[str, str]:
+    """This process's Python and `PACKAGES` versions, as each round records them (the report names them)."""
+    return {"python": platform.python_version(), **{name: importlib.metadata.version(name) for name in PACKAGES}}
 
 
 def own_logs_check(config: ml_collections.ConfigDict, workdir: Path, sim: RouteSim, reward: Reward,
@@ -280,6 +290,12 @@ def write_report(workdir: Path, oracle_test: float) -> None:
                      f"{o['exact']:.4f} | {'yes' if o['covered'] else 'no'} | {'yes' if r['promoted'] else 'no'} | "
                      f"{r['exact_test_regret_before']:.4f} -> {r['exact_test_regret']:.4f} | "
                      f"{r['exploration_cost']:.4f} |")
+    environments: dict[str, list[int]] = {}   # a resumed run may have changed environment between rounds
+    for r in rounds:
+        if "environment" in r:
+            environments.setdefault(", ".join(f"{k} {v}" for k, v in r["environment"].items()), []).append(r["round"])
+    lines += [""] * bool(environments) + [f"Round{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))} ran under "
+                                          f"{names}." for names, numbers in environments.items()]
     check = workdir / OWN_LOGS_CHECK
     if check.exists():
         own = json.loads(check.read_text(encoding="utf-8"))
