@@ -19,9 +19,11 @@ rules) before anything it describes is built or loaded.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,6 +99,9 @@ def stage_dir(workdir: str | os.PathLike, stage: str) -> Path:
     return Path(workdir).resolve() / "checkpoints" / stage
 
 
+SAVE_HEADROOM = 1 << 20   # bytes a save writes beyond its arrays' (orbax's metadata, the meta JSON, the checksums)
+
+
 class StageCheckpoints:
     """Checkpoints of one training stage, numbered by completed epochs; only intact ones count.
 
@@ -123,14 +128,31 @@ class StageCheckpoints:
 
     def save(self, epoch: int, state: Any, meta: dict) -> None:
         meta = {**meta, "epoch": epoch, "format_version": FORMAT_VERSION}
+        need = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(state)) + SAVE_HEADROOM
+        if shutil.disk_usage(self.directory).free < need:   # refused before orbax writes: one line, not its threads'
+            raise self._no_room(epoch, need)
         self._verified.discard(epoch)
-        self._manager.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                          meta=ocp.args.JsonSave(meta)))
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                              meta=ocp.args.JsonSave(meta)))
+            self._manager.wait_until_finished()
+        except Exception as error:   # tensorstore reports a full disk as RESOURCE_EXHAUSTED, not as OSError(ENOSPC)
+            if "No space left on device" not in str(error):
+                raise
+            raise self._no_room(epoch, None) from error
         if jax.process_index() == 0:
             write_checksums(self.directory / str(epoch))
         self._latest = epoch
         self._prune()
+
+    def _no_room(self, epoch: int, need: int | None) -> OSError:
+        """A full disk as the launchers report it (one line: `launch.common`), saying what a rerun resumes from: the
+        failed save left at most an unfinished `<epoch>.orbax-checkpoint-tmp`, which counts for nothing."""
+        free = shutil.disk_usage(self.directory).free
+        resumes = "the stage starts again" if self._latest is None else f"it resumes after epoch {self._latest}"
+        return OSError(errno.ENOSPC, f"no space left on the device to save {self.directory.name} epoch {epoch} "
+                       f"({free / 1e6:.1f} MB free{'' if need is None else f', about {need / 1e6:.1f} MB needed'}): "
+                       f"make room and run the same command again; {resumes}", str(self.directory))
 
     def _prune(self) -> None:
         """Deletes the steps older than the newest `max_to_keep` (those at multiples of `keep_period` stay: the
