@@ -294,8 +294,9 @@ def write_report(workdir: Path, oracle_test: float) -> None:
     for r in rounds:
         if "environment" in r:
             environments.setdefault(", ".join(f"{k} {v}" for k, v in r["environment"].items()), []).append(r["round"])
-    lines += [""] * bool(environments) + [f"Round{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))} ran under "
-                                          f"{names}." for names, numbers in environments.items()]
+    if environments:
+        lines += ["", *(f"Round{'s' * (len(numbers) > 1)} {', '.join(map(str, numbers))} ran under {names}."
+                        for names, numbers in environments.items())]
     check = workdir / OWN_LOGS_CHECK
     if check.exists():
         own = json.loads(check.read_text(encoding="utf-8"))
