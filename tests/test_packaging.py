@@ -143,6 +143,22 @@ def test_requirements_txt_asks_for_the_same_floors():
     assert listed == requirements(("test",))
 
 
+def test_constraints_pin_every_requirement_within_its_floor():
+    """constraints.txt, the environment the measured numbers came from, pins exact versions that requirements.txt
+    accepts, and torch is not among them (never a requirement)."""
+    from packaging.specifiers import SpecifierSet   # pytest's own dependency
+
+    pins = {}
+    for number, line in enumerate((REPO / "constraints.txt").read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip() and not line.startswith("#"):
+            match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line.strip())
+            assert match, f"constraints.txt:{number}: expected name==version, got {line!r}"
+            pins[normalise(match[1])] = match[2]
+    for name, spec in requirements(("test",)).items():
+        assert name in pins and pins[name] in SpecifierSet(spec), (name, spec, pins.get(name))
+    assert "torch" not in pins
+
+
 def package_of(directory: Path) -> str:
     return ".".join(directory.relative_to(REPO).parts)
 
